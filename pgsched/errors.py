@@ -1,0 +1,23 @@
+"""Error classes named after what happened, so callers catch a class instead of parsing text."""
+
+from __future__ import annotations
+
+
+class PgschedError(Exception):
+    """Base class of every error pgsched raises on purpose."""
+
+
+class ConfigError(PgschedError):
+    """A setting is missing or malformed (DSN, option, environment)."""
+
+
+class SchemaVersionMismatch(PgschedError):
+    """The database's pgsched schema is not the one this code expects."""
+
+
+class MigrationChecksumMismatch(PgschedError):
+    """A migration recorded in the database differs from the file of the same number."""
+
+
+class ClusterError(PgschedError):
+    """The embedded local PostgreSQL could not be created, started or stopped."""

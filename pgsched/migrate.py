@@ -1,0 +1,195 @@
+"""Installing and upgrading the pgsched schema.
+
+Owns the rule of TimescaleDB's upgrades: tables change only through numbered,
+forward-only migrations (sql/migrations/NNNN_name.sql), each recorded with its
+checksum; functions, views and triggers (sql/api/*.sql, then plpython/*.sql when
+the server has PL/Python) are CREATE OR REPLACE files re-applied whenever their
+combined checksum changes. Everything happens in one transaction under an
+advisory lock, so concurrent `pgsched init` runs serialize and a failure leaves
+the database as it was; a second run with nothing new is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
+
+# Any fixed number: the lock only has to be the same for every pgsched init.
+MIGRATION_LOCK_KEY = 7_401_295_310
+MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+def _source_dir(name: str) -> Path:
+    """sql/ and plpython/ sit beside the package in a checkout, inside it in a wheel."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / name, here / f"_{name}"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"pgsched's {name}/ directory is missing from the installation")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def migrations() -> list[Migration]:
+    found = []
+    for path in sorted((_source_dir("sql") / "migrations").glob("*.sql")):
+        m = MIGRATION_FILE.match(path.name)
+        if not m:
+            raise ValueError(f"migration file {path.name} is not named NNNN_name.sql")
+        found.append(Migration(int(m.group(1)), m.group(2), path.read_text()))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise ValueError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return found
+
+
+def code_version() -> int:
+    return len(migrations())
+
+
+def api_files(with_plpython: bool) -> list[Path]:
+    files = sorted((_source_dir("sql") / "api").glob("*.sql"))
+    if with_plpython:
+        # PL/Python definitions replace the plain-SQL fallbacks of the same name,
+        # and must exist before the public wrappers are generated from pg_proc.
+        public = [f for f in files if f.name.startswith("90_")]
+        files = [f for f in files if f not in public]
+        files += sorted(_source_dir("plpython").glob("*.sql")) + public
+    return files
+
+
+@dataclass(frozen=True)
+class InitResult:
+    applied: list[int]
+    api_reapplied: bool
+    plpython: bool
+    version: int
+
+
+def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
+    cur.execute("CREATE SCHEMA IF NOT EXISTS pgsched")
+    cur.execute(
+        """CREATE TABLE IF NOT EXISTS pgsched.migration (
+               version    integer PRIMARY KEY,
+               name       text NOT NULL,
+               checksum   text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+    cur.execute(
+        """CREATE TABLE IF NOT EXISTS pgsched.api_state (
+               singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+               checksum   text NOT NULL,
+               plpython   boolean NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+
+
+def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
+    """Make PL/Python usable if the server has it and we may create it; never fail init over it."""
+    if not want:
+        return False
+    cur.execute("SELECT 1 FROM pg_extension WHERE extname = 'plpython3u'")
+    if cur.fetchone() is None:
+        cur.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'plpython3u'")
+        if cur.fetchone() is None:
+            return False
+        cur.execute("SAVEPOINT plpython")
+        try:
+            cur.execute("CREATE EXTENSION IF NOT EXISTS plpython3u")
+        except psycopg.Error:
+            cur.execute("ROLLBACK TO SAVEPOINT plpython")
+            return False
+        cur.execute("RELEASE SAVEPOINT plpython")
+    # The language exists; the schedule code must also import in the server.
+    cur.execute("SAVEPOINT probe")
+    try:
+        cur.execute(
+            "DO LANGUAGE plpython3u $$import pgsched.schedule$$"  # noqa: Q000
+        )
+    except psycopg.Error:
+        cur.execute("ROLLBACK TO SAVEPOINT probe")
+        return False
+    cur.execute("RELEASE SAVEPOINT probe")
+    return True
+
+
+def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True) -> InitResult:
+    """Install or upgrade the schema on `conn` (which must not be in a transaction)."""
+    todo = migrations()
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        _bootstrap(cur)
+        cur.execute("SELECT version, checksum FROM pgsched.migration ORDER BY version")
+        applied = {int(str(v)): str(c) for v, c in cur.fetchall()}
+        newest = max(applied, default=0)
+        if newest > len(todo):
+            raise SchemaVersionMismatch(
+                f"the database's pgsched schema is version {newest}, newer than this pgsched "
+                f"(which knows versions up to {len(todo)}): upgrade pgsched before using it on this database"
+            )
+        for m in todo:
+            if m.version in applied and applied[m.version] != m.checksum:
+                raise MigrationChecksumMismatch(
+                    f"migration {m.version:04d}_{m.name} differs from the one applied to this database"
+                )
+        done = []
+        for m in todo:
+            if m.version not in applied:
+                cur.execute(sql.SQL(m.text))  # type: ignore[arg-type]
+                cur.execute(
+                    "INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, %s, %s)",
+                    (m.version, m.name, m.checksum),
+                )
+                done.append(m.version)
+        has_plpython = _try_plpython(cur, plpython)
+        files = api_files(has_plpython)
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        checksum = digest.hexdigest()
+        cur.execute("SELECT checksum, plpython FROM pgsched.api_state")
+        row = cur.fetchone()
+        reapply = row is None or row[0] != checksum or bool(done)
+        if reapply:
+            for f in files:
+                cur.execute(sql.SQL(f.read_text()))  # type: ignore[arg-type]
+            cur.execute(
+                """INSERT INTO pgsched.api_state (checksum, plpython) VALUES (%s, %s)
+                   ON CONFLICT (singleton) DO UPDATE
+                   SET checksum = excluded.checksum, plpython = excluded.plpython, applied_at = now()""",
+                (checksum, has_plpython),
+            )
+    return InitResult(applied=done, api_reapplied=reapply, plpython=has_plpython, version=len(todo))
+
+
+def check_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    """The schema version if it matches this code; SchemaVersionMismatch otherwise."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('pgsched.migration') IS NOT NULL")
+        row = cur.fetchone()
+        if not row or not row[0]:
+            raise SchemaVersionMismatch("pgsched is not installed in this database: run `pgsched init` first")
+        cur.execute("SELECT coalesce(max(version), 0) FROM pgsched.migration")
+        row = cur.fetchone()
+    have = int(str(row[0])) if row else 0
+    want = code_version()
+    if have != want:
+        hint = "run `pgsched init` to upgrade it" if have < want else "upgrade pgsched"
+        raise SchemaVersionMismatch(f"the database's pgsched schema is version {have}, this pgsched needs {want}: {hint}")
+    return have

@@ -1,0 +1,344 @@
+-- Internal helpers shared by the API: argument checks, schedule recognition,
+-- the NOTIFY and bookkeeping triggers. Re-applied on every upgrade.
+-- Every function pins search_path and qualifies names.
+
+-- Raised for bad API input: one place decides the SQLSTATE and the message shape
+-- ("<argument>: <what is wrong>; expected <accepted form>").
+CREATE OR REPLACE FUNCTION pgsched._bad_arg(argument text, problem text, expected text,
+                                            errcode text DEFAULT '22023')
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = errcode,
+        MESSAGE = format('invalid %s: %s', argument, problem),
+        HINT = format('%s must be %s', argument, expected);
+END
+$$;
+
+-- Does the text have the shape of a cron expression (as opposed to an interval
+-- literal)? Mirrors pgsched.schedule.looks_like_cron.
+CREATE OR REPLACE FUNCTION pgsched._is_cron(expr text)
+RETURNS boolean LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT btrim(expr) ~* '^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$'
+        OR (array_length(regexp_split_to_array(btrim(expr), '\s+'), 1) BETWEEN 5 AND 7
+            AND NOT EXISTS (
+                SELECT 1 FROM regexp_split_to_table(btrim(expr), '\s+') AS f
+                WHERE f !~* '^([0-9*/,?LW#$-]|JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC|SUN|MON|TUE|WED|THU|FRI|SAT)+$'))
+$$;
+
+-- Syntax and range check of a cron expression in plain SQL, so it is checked at
+-- add_job even where PL/Python is not available. The PL/Python check (exact
+-- semantics, impossible dates) runs in addition when installed.
+CREATE OR REPLACE FUNCTION pgsched._check_cron_syntax(expr text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    expected constant text := 'a cron expression of 5 fields (minute hour day-of-month month day-of-week), '
+        || '6 (second first) or 7 (second first, year last), or @hourly/@daily/@weekly/@monthly/@yearly';
+    fields text[];
+    names text[];
+    lo int[];
+    hi int[];
+    f text;
+    item text;
+    m text[];
+    v int;
+    i int;
+    offs int;
+BEGIN
+    IF btrim(expr) ~* '^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$' THEN
+        RETURN;
+    END IF;
+    fields := regexp_split_to_array(btrim(expr), '\s+');
+    IF array_length(fields, 1) NOT BETWEEN 5 AND 7 THEN
+        PERFORM pgsched._bad_arg('schedule', format('%L has %s fields', expr, array_length(fields, 1)), expected);
+    END IF;
+    IF array_length(fields, 1) = 5 THEN
+        names := ARRAY['minute', 'hour', 'day-of-month', 'month', 'day-of-week'];
+        lo := ARRAY[0, 0, 1, 1, 0];
+        hi := ARRAY[59, 23, 31, 12, 7];
+    ELSE
+        names := ARRAY['second', 'minute', 'hour', 'day-of-month', 'month', 'day-of-week', 'year'];
+        lo := ARRAY[0, 0, 0, 1, 1, 0, 1970];
+        hi := ARRAY[59, 59, 23, 31, 12, 7, 2199];
+    END IF;
+    FOR i IN 1 .. array_length(fields, 1) LOOP
+        f := upper(fields[i]);
+        -- Names become numbers so one range check serves both spellings.
+        IF names[i] = 'month' THEN
+            f := replace(replace(replace(replace(replace(replace(f, 'JAN', '1'), 'FEB', '2'), 'MAR', '3'),
+                 'APR', '4'), 'MAY', '5'), 'JUN', '6');
+            f := replace(replace(replace(replace(replace(replace(f, 'JUL', '7'), 'AUG', '8'), 'SEP', '9'),
+                 'OCT', '10'), 'NOV', '11'), 'DEC', '12');
+        ELSIF names[i] = 'day-of-week' THEN
+            f := replace(replace(replace(replace(replace(replace(replace(f, 'SUN', '0'), 'MON', '1'),
+                 'TUE', '2'), 'WED', '3'), 'THU', '4'), 'FRI', '5'), 'SAT', '6');
+        END IF;
+        FOREACH item IN ARRAY string_to_array(f, ',') LOOP
+            IF item = '' THEN
+                PERFORM pgsched._bad_arg('schedule', format('%L: empty list item in the %s field', expr, names[i]),
+                                         expected);
+            END IF;
+            IF names[i] = 'day-of-month' AND item ~ '^(L|\$|LW|[0-9]+W|L-[0-9]+|\?)$' THEN CONTINUE; END IF;
+            IF names[i] = 'day-of-week' AND item ~ '^([0-7]L|[0-7]#[1-5]|\?)$' THEN CONTINUE; END IF;
+            m := regexp_match(item, '^(\*|[0-9]+)(?:-([0-9]+))?(?:/([0-9]+))?$');
+            IF m IS NULL OR (m[1] = '*' AND m[2] IS NOT NULL) THEN
+                PERFORM pgsched._bad_arg('schedule', format('%L: %L is not valid in the %s field', expr, item,
+                                                            names[i]), expected);
+            END IF;
+            IF m[3] IS NOT NULL AND m[3]::numeric = 0 THEN
+                PERFORM pgsched._bad_arg('schedule', format('%L: step 0 in the %s field', expr, names[i]), expected);
+            END IF;
+            FOR offs IN 1 .. 2 LOOP
+                IF m[offs] IS NOT NULL AND m[offs] <> '*' THEN
+                    IF length(m[offs]) > 9 OR m[offs]::int NOT BETWEEN lo[i] AND hi[i] THEN
+                        PERFORM pgsched._bad_arg('schedule', format('%L: %s value %s out of range %s-%s', expr,
+                                                 names[i], m[offs], lo[i], hi[i]), expected);
+                    END IF;
+                END IF;
+            END LOOP;
+            IF m[2] IS NOT NULL AND m[2]::int < m[1]::int THEN
+                PERFORM pgsched._bad_arg('schedule', format('%L: reversed range %s-%s in the %s field', expr, m[1],
+                                                            m[2], names[i]), expected);
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._check_timezone(tz text)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF tz IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_timezone_names WHERE name = tz) THEN
+        PERFORM pgsched._bad_arg('timezone', format('unknown time zone %L', tz),
+                                 'an IANA time zone name such as ''Europe/Berlin'' or ''UTC''');
+    END IF;
+END
+$$;
+
+-- Recognise and check a schedule; returns the interval for interval schedules
+-- and NULL for cron expressions.
+CREATE OR REPLACE FUNCTION pgsched._parse_schedule(schedule text, fixed_schedule boolean)
+RETURNS interval LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    iv interval;
+    expected constant text := 'an interval such as ''5 minutes'' or ''1 month'', or a cron expression such as '
+        || '''*/5 * * * *'' (5 fields; 6 or 7 with seconds first)';
+BEGIN
+    IF schedule IS NULL THEN
+        PERFORM pgsched._bad_arg('schedule', 'NULL', expected, '22004');
+    END IF;
+    IF pgsched._is_cron(schedule) THEN
+        PERFORM pgsched._check_cron_syntax(schedule);
+        RETURN NULL;
+    END IF;
+    BEGIN
+        iv := schedule::interval;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow
+                   OR invalid_parameter_value THEN
+        PERFORM pgsched._bad_arg('schedule', format('%L is neither an interval nor a cron expression', schedule),
+                                 expected);
+    END;
+    PERFORM pgsched._check_interval(iv, fixed_schedule, 'schedule');
+    RETURN iv;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._check_interval(iv interval, fixed_schedule boolean, argument text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    parts record;
+BEGIN
+    IF iv IS NULL THEN
+        PERFORM pgsched._bad_arg(argument, 'NULL', 'a positive interval such as ''5 minutes''', '22004');
+    END IF;
+    parts := pgsched._interval_parts(iv);
+    IF parts.months < 0 OR parts.days < 0 OR parts.micros < 0
+       OR (parts.months = 0 AND parts.days = 0 AND parts.micros = 0) THEN
+        PERFORM pgsched._bad_arg(argument, format('%s is not positive', iv), 'a positive interval such as ''5 minutes''');
+    END IF;
+    IF fixed_schedule AND parts.months <> 0 AND (parts.days <> 0 OR parts.micros <> 0) THEN
+        PERFORM pgsched._bad_arg(argument, format('%s mixes months with days or time on a fixed schedule', iv),
+            'either whole months (''1 month'') or days/time (''7 days''); use fixed_schedule => false to mix them');
+    END IF;
+END
+$$;
+
+-- The three stored components of an interval, the form the Python schedule code takes.
+CREATE OR REPLACE FUNCTION pgsched._interval_parts(iv interval, OUT months integer, OUT days integer,
+                                                   OUT micros bigint)
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (extract(year FROM iv) * 12 + extract(month FROM iv))::integer,
+           extract(day FROM iv)::integer,
+           ((extract(hour FROM iv) * 3600 + extract(minute FROM iv) * 60) * 1000000
+             + extract(microseconds FROM iv))::bigint
+$$;
+
+-- Exact schedule check and first start. These SQL versions are the fallback for
+-- servers without PL/Python: cron gets the syntax check above only, and a cron
+-- job's first next_start is left NULL for the scheduler to fill in.
+-- plpython/schedule.sql replaces both with the shared Python implementation.
+CREATE OR REPLACE FUNCTION pgsched._check_schedule_exact(schedule text, timezone text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._first_start(schedule text, iv interval, fixed_schedule boolean,
+                                                initial_start timestamptz, timezone text,
+                                                at timestamptz DEFAULT now())
+RETURNS timestamptz LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF iv IS NULL THEN
+        RETURN NULL;
+    ELSIF initial_start IS NULL THEN
+        RETURN at;
+    ELSIF initial_start >= at OR NOT fixed_schedule THEN
+        RETURN greatest(initial_start, at);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched.plpython_available()
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+                   WHERE p.pronamespace = 'pgsched'::regnamespace AND l.lanname = 'plpython3u')
+$$;
+
+-- Resolve and check a job proc: a function or procedure taking (integer, jsonb)
+-- that the calling role may execute.
+CREATE OR REPLACE FUNCTION pgsched._check_proc(proc regproc, argument text,
+                                               OUT proc_schema name, OUT proc_name name)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p record;
+BEGIN
+    IF proc IS NULL THEN
+        PERFORM pgsched._bad_arg(argument, 'NULL', 'a function or procedure taking (job_id integer, config jsonb)',
+                                 '22004');
+    END IF;
+    SELECT n.nspname, pp.proname, pp.prokind, pp.proargtypes[0] AS arg0, pp.proargtypes[1] AS arg1, pp.pronargs
+      INTO p
+      FROM pg_catalog.pg_proc pp JOIN pg_catalog.pg_namespace n ON n.oid = pp.pronamespace
+     WHERE pp.oid = proc;
+    IF p.prokind NOT IN ('f', 'p') OR p.pronargs <> 2
+       OR p.arg0 <> 'integer'::regtype OR p.arg1 <> 'jsonb'::regtype THEN
+        RAISE EXCEPTION USING ERRCODE = '42883',
+            MESSAGE = format('invalid %s: %s is not a function or procedure taking (integer, jsonb)', argument,
+                             proc::regprocedure),
+            HINT = format('%s must be declared as (job_id integer, config jsonb)', argument);
+    END IF;
+    IF NOT pg_catalog.has_function_privilege(proc, 'EXECUTE') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('invalid %s: role %I may not execute %s', argument, current_user, proc::regprocedure),
+            HINT = 'grant EXECUTE on it to the job owner';
+    END IF;
+    proc_schema := p.nspname;
+    proc_name := p.proname;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._check_config(check_config regproc, config jsonb)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    kind "char";
+BEGIN
+    IF check_config IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT prokind INTO kind FROM pg_catalog.pg_proc
+     WHERE oid = check_config AND pronargs = 1 AND proargtypes[0] = 'jsonb'::regtype;
+    IF kind IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42883',
+            MESSAGE = format('invalid check_config: %s does not take (config jsonb)', check_config::regprocedure),
+            HINT = 'check_config must be a function or procedure declared as (config jsonb)';
+    END IF;
+    IF kind = 'p' THEN
+        EXECUTE format('CALL %s($1)', check_config::oid::regproc) USING config;
+    ELSE
+        EXECUTE format('SELECT %s($1)', check_config::oid::regproc) USING config;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._job_not_found(job_id integer)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '42704',
+        MESSAGE = format('job %s not found', job_id),
+        HINT = 'job_id must be the id of an existing job (see pgsched.jobs)';
+END
+$$;
+
+-- Catalog change notification: every change to job, and to job_stat when it does
+-- not come from a scheduler (which knows its own writes), wakes the schedulers.
+CREATE OR REPLACE FUNCTION pgsched._notify_change()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'job_stat' AND current_setting('pgsched.internal', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_catalog.pg_notify('pgsched_catalog', TG_TABLE_NAME || ':' || lower(TG_OP));
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER job_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgsched.job
+    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change();
+CREATE OR REPLACE TRIGGER job_stat_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgsched.job_stat
+    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change();
+
+-- A job row always has its job_stat row, whether it came through add_job or
+-- direct DML; pausing and resuming are reflected in the state.
+CREATE OR REPLACE FUNCTION pgsched._job_row_change()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO pgsched.job_stat (job_id, state)
+        VALUES (NEW.job_id, CASE WHEN NEW.scheduled THEN 'scheduled' ELSE 'disabled' END)
+        ON CONFLICT (job_id) DO NOTHING;
+    ELSIF NEW.scheduled IS DISTINCT FROM OLD.scheduled THEN
+        IF NEW.scheduled THEN
+            -- Re-enabling forgives past failures (TimescaleDB does the same).
+            UPDATE pgsched.job_stat
+               SET state = CASE WHEN state = 'disabled' THEN 'scheduled' ELSE state END,
+                   consecutive_failures = 0, disabled_reason = NULL
+             WHERE job_stat.job_id = NEW.job_id;
+        ELSE
+            UPDATE pgsched.job_stat SET state = 'disabled'
+             WHERE job_stat.job_id = NEW.job_id AND state = 'scheduled';
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER job_row_change AFTER INSERT OR UPDATE OF scheduled ON pgsched.job
+    FOR EACH ROW EXECUTE FUNCTION pgsched._job_row_change();
+
+CREATE OR REPLACE FUNCTION pgsched._touch_updated_at()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER job_touch BEFORE UPDATE ON pgsched.job
+    FOR EACH ROW EXECUTE FUNCTION pgsched._touch_updated_at();

@@ -1,0 +1,382 @@
+-- The job API: add_job (TimescaleDB-compatible), alter_job, delete_job, and
+-- pg_cron-style schedule/unschedule. Every entry point checks all of its input
+-- before writing anything, so a rejected call leaves the catalog untouched.
+
+-- The one place a job row is written from settings; add_job, schedule and
+-- alter_job all end here so the checks cannot drift apart.
+CREATE OR REPLACE FUNCTION pgsched._check_settings(
+    schedule text, fixed_schedule boolean, timezone text, max_runtime interval, max_retries integer,
+    retry_period interval, catch_up text, job_name text)
+RETURNS interval LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    iv interval;
+BEGIN
+    IF fixed_schedule IS NULL THEN
+        PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
+    END IF;
+    iv := pgsched._parse_schedule(schedule, fixed_schedule);
+    PERFORM pgsched._check_timezone(timezone);
+    IF iv IS NULL THEN
+        PERFORM pgsched._check_schedule_exact(schedule, timezone);
+    END IF;
+    IF max_runtime IS NOT NULL AND max_runtime <= interval '0' THEN
+        PERFORM pgsched._bad_arg('max_runtime', format('%s is not positive', max_runtime),
+                                 'a positive interval, or NULL for no limit');
+    END IF;
+    IF max_retries IS NULL OR max_retries < -1 THEN
+        PERFORM pgsched._bad_arg('max_retries', coalesce(max_retries::text, 'NULL'),
+                                 '-1 (unlimited), 0 or a positive number');
+    END IF;
+    IF retry_period IS NULL OR retry_period <= interval '0' THEN
+        PERFORM pgsched._bad_arg('retry_period', coalesce(retry_period::text, 'NULL'), 'a positive interval');
+    END IF;
+    IF catch_up IS NULL OR catch_up NOT IN ('latest', 'all', 'none') THEN
+        PERFORM pgsched._bad_arg('catch_up', coalesce(quote_literal(catch_up), 'NULL'),
+                                 'one of ''latest'', ''all'', ''none''');
+    END IF;
+    IF job_name IS NOT NULL AND btrim(job_name) = '' THEN
+        PERFORM pgsched._bad_arg('job_name', 'empty', 'a non-empty name, or NULL for a generated one');
+    END IF;
+    RETURN iv;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._insert_job(
+    kind text, proc regproc, command text, schedule text, config jsonb, initial_start timestamptz,
+    scheduled boolean, check_config regproc, fixed_schedule boolean, timezone text, job_name text,
+    max_runtime interval, max_retries integer, retry_period interval, catch_up text, if_not_exists boolean)
+RETURNS integer LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    iv interval;
+    t_schema name;
+    t_name name;
+    c_schema name;
+    c_name name;
+    id integer;
+BEGIN
+    iv := pgsched._check_settings(schedule, fixed_schedule, timezone, max_runtime, max_retries, retry_period,
+                                  catch_up, job_name);
+    IF scheduled IS NULL THEN
+        PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
+    END IF;
+    IF kind = 'proc' THEN
+        SELECT c.proc_schema, c.proc_name INTO t_schema, t_name FROM pgsched._check_proc(proc, 'proc') c;
+    ELSIF command IS NULL OR btrim(command) = '' THEN
+        PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text');
+    END IF;
+    IF check_config IS NOT NULL THEN
+        PERFORM pgsched._check_config(check_config, config);
+        SELECT n.nspname, p.proname INTO c_schema, c_name FROM pg_catalog.pg_proc p
+          JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = check_config;
+    END IF;
+    IF job_name IS NOT NULL THEN
+        SELECT j.job_id INTO id FROM pgsched.job j
+         WHERE j.owner = current_user::regrole AND j.job_name = _insert_job.job_name;
+        IF id IS NOT NULL THEN
+            IF if_not_exists THEN
+                RAISE NOTICE 'job % named % already exists, skipping', id, quote_literal(job_name);
+                RETURN id;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = '42710',
+                MESSAGE = format('invalid job_name: job %s of role %I is already named %L', id, current_user,
+                                 job_name),
+                HINT = 'job_name must be unique per owner; pass if_not_exists => true to reuse the existing job';
+        END IF;
+    END IF;
+    id := nextval(pg_catalog.pg_get_serial_sequence('pgsched.job', 'job_id'));
+    INSERT INTO pgsched.job (job_id, job_name, kind, proc_schema, proc_name, command, schedule, schedule_interval,
+                             fixed_schedule, initial_start, timezone, config, check_schema, check_name, scheduled,
+                             max_runtime, max_retries, retry_period, catch_up)
+    VALUES (id, coalesce(job_name, format('%s [%s]', coalesce(t_name::text, 'command'), id)), kind,
+            t_schema, t_name, command, btrim(schedule), iv, fixed_schedule, initial_start,
+            timezone, config, c_schema, c_name, scheduled, max_runtime, max_retries, retry_period,
+            catch_up);
+    UPDATE pgsched.job_stat s
+       SET next_start = pgsched._first_start(btrim(schedule), iv, fixed_schedule, initial_start, timezone)
+     WHERE s.job_id = id;
+    RETURN id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched.add_job(
+    proc regproc,
+    schedule text,
+    config jsonb DEFAULT NULL,
+    initial_start timestamptz DEFAULT NULL,
+    scheduled boolean DEFAULT true,
+    check_config regproc DEFAULT NULL,
+    fixed_schedule boolean DEFAULT true,
+    timezone text DEFAULT NULL,
+    job_name text DEFAULT NULL,
+    max_runtime interval DEFAULT NULL,
+    max_retries integer DEFAULT -1,
+    retry_period interval DEFAULT interval '5 minutes',
+    catch_up text DEFAULT 'latest',
+    if_not_exists boolean DEFAULT false)
+RETURNS integer LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._insert_job('proc', proc, NULL, schedule, config, initial_start, scheduled, check_config,
+                               fixed_schedule, timezone, job_name, max_runtime, max_retries, retry_period,
+                               catch_up, if_not_exists)
+$$;
+
+-- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
+-- and add_job('p', schedule_interval => '1 hour').
+CREATE OR REPLACE FUNCTION pgsched.add_job(
+    proc regproc,
+    schedule_interval interval,
+    config jsonb DEFAULT NULL,
+    initial_start timestamptz DEFAULT NULL,
+    scheduled boolean DEFAULT true,
+    check_config regproc DEFAULT NULL,
+    fixed_schedule boolean DEFAULT true,
+    timezone text DEFAULT NULL,
+    job_name text DEFAULT NULL,
+    max_runtime interval DEFAULT NULL,
+    max_retries integer DEFAULT -1,
+    retry_period interval DEFAULT interval '5 minutes',
+    catch_up text DEFAULT 'latest',
+    if_not_exists boolean DEFAULT false)
+RETURNS integer LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgsched._check_interval(schedule_interval, fixed_schedule, 'schedule_interval');
+    RETURN pgsched._insert_job('proc', proc, NULL, pgsched._interval_text(schedule_interval), config,
+                               initial_start, scheduled, check_config, fixed_schedule, timezone, job_name,
+                               max_runtime, max_retries, retry_period, catch_up, if_not_exists);
+END
+$$;
+
+-- Interval text in one fixed style, whatever the session's IntervalStyle is.
+CREATE OR REPLACE FUNCTION pgsched._interval_text(iv interval)
+RETURNS text LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres' AS $$
+    SELECT iv::text
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._alter_job(
+    job_id integer,
+    schedule_interval interval DEFAULT NULL,
+    max_runtime interval DEFAULT NULL,
+    max_retries integer DEFAULT NULL,
+    retry_period interval DEFAULT NULL,
+    scheduled boolean DEFAULT NULL,
+    config jsonb DEFAULT NULL,
+    next_start timestamptz DEFAULT NULL,
+    if_exists boolean DEFAULT false,
+    check_config regproc DEFAULT NULL,
+    fixed_schedule boolean DEFAULT NULL,
+    initial_start timestamptz DEFAULT NULL,
+    timezone text DEFAULT NULL,
+    job_name text DEFAULT NULL,
+    schedule text DEFAULT NULL,
+    catch_up text DEFAULT NULL,
+    config_merge jsonb DEFAULT NULL)
+RETURNS TABLE (r_job_id integer, r_schedule text, r_schedule_interval interval, r_max_runtime interval,
+               r_max_retries integer, r_retry_period interval, r_scheduled boolean, r_config jsonb,
+               r_next_start timestamptz, r_check_config text, r_fixed_schedule boolean,
+               r_initial_start timestamptz, r_timezone text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    j pgsched.job;
+    new_schedule text;
+    iv interval;
+    reschedule boolean;
+BEGIN
+    IF _alter_job.job_id IS NULL THEN
+        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
+    END IF;
+    SELECT * INTO j FROM pgsched.job WHERE job.job_id = _alter_job.job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        IF if_exists THEN
+            RAISE NOTICE 'job % not found, skipping', _alter_job.job_id;
+            RETURN;
+        END IF;
+        PERFORM pgsched._job_not_found(_alter_job.job_id);
+    END IF;
+    IF _alter_job.schedule IS NOT NULL AND _alter_job.schedule_interval IS NOT NULL THEN
+        PERFORM pgsched._bad_arg('schedule', 'given together with schedule_interval',
+                                 'one of schedule (text) or schedule_interval (interval)');
+    END IF;
+    new_schedule := coalesce(_alter_job.schedule, pgsched._interval_text(_alter_job.schedule_interval), j.schedule);
+    reschedule := new_schedule IS DISTINCT FROM j.schedule
+        OR (_alter_job.fixed_schedule IS NOT NULL AND _alter_job.fixed_schedule <> j.fixed_schedule)
+        OR (_alter_job.initial_start IS NOT NULL AND _alter_job.initial_start IS DISTINCT FROM j.initial_start)
+        OR (_alter_job.timezone IS NOT NULL AND _alter_job.timezone IS DISTINCT FROM j.timezone);
+    j.schedule := btrim(new_schedule);
+    j.fixed_schedule := coalesce(_alter_job.fixed_schedule, j.fixed_schedule);
+    j.initial_start := coalesce(_alter_job.initial_start, j.initial_start);
+    j.timezone := coalesce(_alter_job.timezone, j.timezone);
+    j.max_runtime := coalesce(_alter_job.max_runtime, j.max_runtime);
+    j.max_retries := coalesce(_alter_job.max_retries, j.max_retries);
+    j.retry_period := coalesce(_alter_job.retry_period, j.retry_period);
+    j.catch_up := coalesce(_alter_job.catch_up, j.catch_up);
+    j.job_name := coalesce(_alter_job.job_name, j.job_name);
+    j.scheduled := coalesce(_alter_job.scheduled, j.scheduled);
+    j.config := coalesce(_alter_job.config, j.config);
+    IF _alter_job.config_merge IS NOT NULL THEN
+        IF jsonb_typeof(_alter_job.config_merge) <> 'object' THEN
+            PERFORM pgsched._bad_arg('config_merge', format('%s is not an object', _alter_job.config_merge),
+                                     'a jsonb object whose keys replace those of config');
+        END IF;
+        j.config := coalesce(j.config, '{}'::jsonb) || _alter_job.config_merge;
+    END IF;
+    iv := pgsched._check_settings(j.schedule, j.fixed_schedule, j.timezone, j.max_runtime, j.max_retries,
+                                  j.retry_period, j.catch_up, j.job_name);
+    j.schedule_interval := iv;
+    IF _alter_job.check_config IS NOT NULL THEN
+        SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
+          JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
+    END IF;
+    IF j.check_name IS NOT NULL AND (_alter_job.check_config IS NOT NULL OR _alter_job.config IS NOT NULL
+                                     OR _alter_job.config_merge IS NOT NULL) THEN
+        PERFORM pgsched._check_config(format('%I.%I', j.check_schema, j.check_name)::regproc, j.config);
+    END IF;
+    IF j.job_name IS DISTINCT FROM (SELECT job_name FROM pgsched.job WHERE job.job_id = j.job_id)
+       AND EXISTS (SELECT 1 FROM pgsched.job o WHERE o.owner = j.owner AND o.job_name = j.job_name) THEN
+        RAISE EXCEPTION USING ERRCODE = '42710',
+            MESSAGE = format('invalid job_name: role %s already has a job named %L', j.owner, j.job_name),
+            HINT = 'job_name must be unique per owner';
+    END IF;
+
+    UPDATE pgsched.job SET
+        job_name = j.job_name, schedule = j.schedule, schedule_interval = j.schedule_interval,
+        fixed_schedule = j.fixed_schedule, initial_start = j.initial_start, timezone = j.timezone,
+        config = j.config, check_schema = j.check_schema, check_name = j.check_name, scheduled = j.scheduled,
+        max_runtime = j.max_runtime, max_retries = j.max_retries, retry_period = j.retry_period,
+        catch_up = j.catch_up
+     WHERE job.job_id = j.job_id;
+
+    IF _alter_job.next_start IS NOT NULL THEN
+        UPDATE pgsched.job_stat s SET next_start = _alter_job.next_start WHERE s.job_id = j.job_id;
+    ELSIF reschedule THEN
+        UPDATE pgsched.job_stat s
+           SET next_start = pgsched._first_start(j.schedule, iv, j.fixed_schedule, j.initial_start, j.timezone)
+         WHERE s.job_id = j.job_id;
+    END IF;
+
+    RETURN QUERY
+    SELECT j.job_id, j.schedule, j.schedule_interval, j.max_runtime, j.max_retries, j.retry_period, j.scheduled,
+           j.config, s.next_start,
+           CASE WHEN j.check_name IS NULL THEN NULL ELSE format('%I.%I', j.check_schema, j.check_name) END,
+           j.fixed_schedule, j.initial_start, j.timezone
+      FROM pgsched.job_stat s WHERE s.job_id = j.job_id;
+END
+$$;
+
+-- TimescaleDB's alter_job returns columns named like its arguments, which
+-- PL/pgSQL cannot declare; a SQL shell keeps that signature.
+CREATE OR REPLACE FUNCTION pgsched.alter_job(
+    job_id integer,
+    schedule_interval interval DEFAULT NULL,
+    max_runtime interval DEFAULT NULL,
+    max_retries integer DEFAULT NULL,
+    retry_period interval DEFAULT NULL,
+    scheduled boolean DEFAULT NULL,
+    config jsonb DEFAULT NULL,
+    next_start timestamptz DEFAULT NULL,
+    if_exists boolean DEFAULT false,
+    check_config regproc DEFAULT NULL,
+    fixed_schedule boolean DEFAULT NULL,
+    initial_start timestamptz DEFAULT NULL,
+    timezone text DEFAULT NULL,
+    job_name text DEFAULT NULL,
+    schedule text DEFAULT NULL,
+    catch_up text DEFAULT NULL,
+    config_merge jsonb DEFAULT NULL)
+RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
+               max_retries integer, retry_period interval, scheduled boolean, config jsonb,
+               next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
+               timezone text)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM pgsched._alter_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF job_id IS NULL THEN
+        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
+    END IF;
+    DELETE FROM pgsched.job j WHERE j.job_id = delete_job.job_id;
+    IF NOT FOUND THEN
+        PERFORM pgsched._job_not_found(delete_job.job_id);
+    END IF;
+END
+$$;
+
+-- pg_cron style: a named SQL command on a schedule; the same name again
+-- (for the same owner) updates that job in place.
+CREATE OR REPLACE FUNCTION pgsched.schedule(job_name text, schedule text, command text)
+RETURNS bigint LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    id integer;
+    iv interval;
+BEGIN
+    IF job_name IS NULL THEN
+        PERFORM pgsched._bad_arg('job_name', 'NULL', 'a non-empty name', '22004');
+    END IF;
+    SELECT j.job_id INTO id FROM pgsched.job j
+     WHERE j.owner = current_user::regrole AND j.job_name = schedule.job_name FOR UPDATE;
+    IF id IS NULL THEN
+        RETURN pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL,
+                                   job_name, NULL, -1, interval '5 minutes', 'latest', false);
+    END IF;
+    IF command IS NULL OR btrim(command) = '' THEN
+        PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text');
+    END IF;
+    iv := pgsched._check_settings(schedule, true, NULL, NULL, -1, interval '5 minutes', 'latest', job_name);
+    UPDATE pgsched.job j
+       SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL,
+           schedule = btrim(schedule.schedule), schedule_interval = iv, fixed_schedule = true,
+           initial_start = NULL, timezone = NULL
+     WHERE j.job_id = id;
+    UPDATE pgsched.job_stat s
+       SET next_start = pgsched._first_start(btrim(schedule.schedule), iv, true, NULL, NULL)
+     WHERE s.job_id = id AND s.state <> 'disabled';
+    RETURN id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched.schedule(schedule text, command text)
+RETURNS bigint LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL, NULL,
+                               NULL, -1, interval '5 minutes', 'latest', false)::bigint
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched.unschedule(job_name text)
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    id integer;
+BEGIN
+    DELETE FROM pgsched.job j WHERE j.owner = current_user::regrole AND j.job_name = unschedule.job_name
+    RETURNING j.job_id INTO id;
+    IF id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = format('job named %L not found for role %I', job_name, current_user),
+            HINT = 'job_name must name one of your jobs (see pgsched.jobs), or pass the job id';
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched.unschedule(job_id bigint)
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF job_id IS NULL OR job_id NOT BETWEEN 1 AND 2147483647 THEN
+        PERFORM pgsched._job_not_found(NULL);
+    END IF;
+    PERFORM pgsched.delete_job(job_id::integer);
+    RETURN true;
+END
+$$;

@@ -1,0 +1,163 @@
+-- The two bracketing writes around every run, and run_job.
+--
+-- Why the crash counters go up BEFORE the run: a run can end in a way that
+-- leaves nobody able to write (the worker is killed, the scheduler is killed,
+-- the server restarts). So mark_start commits total_crashes + 1 and
+-- consecutive_crashes + 1 together with the 'running' history row, and
+-- mark_end takes the crash back when the run ends in any other way. A run that
+-- never reaches mark_end is thereby already counted as a crash; whoever later
+-- finds its 'running' row only has to close it, never to count it again.
+
+CREATE OR REPLACE FUNCTION pgsched._mark_start(job_id integer, plan_time timestamptz, trigger text,
+                                               worker_pid integer DEFAULT NULL,
+                                               backend_pid integer DEFAULT NULL,
+                                               instance_id bigint DEFAULT NULL,
+                                               lease_token bigint DEFAULT NULL,
+                                               started_at timestamptz DEFAULT clock_timestamp())
+RETURNS bigint LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    st pgsched.job_stat;
+    rid bigint;
+BEGIN
+    SELECT * INTO st FROM pgsched.job_stat s WHERE s.job_id = _mark_start.job_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pgsched._job_not_found(_mark_start.job_id);
+    END IF;
+    IF st.state IN ('starting', 'terminating') THEN
+        RAISE EXCEPTION USING ERRCODE = '55006',
+            MESSAGE = format('job %s is already running (run %s)', _mark_start.job_id, st.current_run_id),
+            HINT = 'wait for the run to end (see pgsched.job_stats), then try again';
+    END IF;
+    INSERT INTO pgsched.job_run (job_id, plan_time, trigger, started_at, outcome, worker_pid, backend_pid,
+                                 instance_id, lease_token, heartbeat_at)
+    VALUES (_mark_start.job_id, _mark_start.plan_time, _mark_start.trigger, _mark_start.started_at, 'running',
+            _mark_start.worker_pid, _mark_start.backend_pid, _mark_start.instance_id, _mark_start.lease_token,
+            _mark_start.started_at)
+    RETURNING run_id INTO rid;
+    UPDATE pgsched.job_stat s
+       SET state = 'starting', current_run_id = rid, last_start = _mark_start.started_at,
+           total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
+           consecutive_crashes = s.consecutive_crashes + 1
+     WHERE s.job_id = _mark_start.job_id;
+    RETURN rid;
+END
+$$;
+
+-- Close a run. Returns false when the run was already closed (by a scheduler
+-- that found it crashed, or because the job was deleted): then nothing changes,
+-- so an outcome is never recorded twice.
+-- outcome: success | failure | timeout | crash | cancelled.
+-- next_start NULL keeps the stored next_start (manual runs do not move the schedule).
+CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
+                                             next_start timestamptz,
+                                             finished_at timestamptz DEFAULT clock_timestamp(),
+                                             disable_reason text DEFAULT NULL,
+                                             rows_affected bigint DEFAULT NULL,
+                                             result jsonb DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r pgsched.job_run;
+    ok boolean := _mark_end.outcome = 'success';
+    failed boolean := _mark_end.outcome IN ('failure', 'timeout');
+    crashed boolean := _mark_end.outcome = 'crash';
+    fin timestamptz;
+BEGIN
+    IF outcome NOT IN ('success', 'failure', 'timeout', 'crash', 'cancelled') THEN
+        PERFORM pgsched._bad_arg('outcome', quote_literal(outcome),
+                                 'one of success, failure, timeout, crash, cancelled');
+    END IF;
+    SELECT * INTO r FROM pgsched.job_run jr WHERE jr.run_id = _mark_end.run_id FOR UPDATE;
+    IF NOT FOUND OR r.outcome <> 'running' THEN
+        RETURN false;
+    END IF;
+    -- One clock stamps a run; never let a finish precede its start.
+    fin := greatest(_mark_end.finished_at, r.started_at);
+    UPDATE pgsched.job_run jr
+       SET finished_at = fin, outcome = _mark_end.outcome, sqlstate = _mark_end.sqlstate,
+           message = _mark_end.message, rows_affected = _mark_end.rows_affected, result = _mark_end.result
+     WHERE jr.run_id = _mark_end.run_id;
+    UPDATE pgsched.job_stat s
+       SET state = CASE WHEN _mark_end.disable_reason IS NOT NULL
+                             OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
+                        THEN 'disabled' ELSE 'scheduled' END,
+           disabled_reason = coalesce(_mark_end.disable_reason, s.disabled_reason),
+           current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END,
+           last_finish = fin,
+           last_run_success = ok,
+           last_successful_finish = CASE WHEN ok THEN fin ELSE s.last_successful_finish END,
+           last_run_duration = fin - r.started_at,
+           total_successes = s.total_successes + ok::int,
+           total_failures = s.total_failures + failed::int,
+           total_crashes = s.total_crashes - (NOT crashed)::int,
+           consecutive_crashes = CASE WHEN crashed THEN s.consecutive_crashes ELSE 0 END,
+           consecutive_failures = CASE WHEN ok THEN 0 WHEN failed THEN s.consecutive_failures + 1
+                                       ELSE s.consecutive_failures END,
+           next_start = coalesce(_mark_end.next_start, s.next_start)
+     WHERE s.job_id = r.job_id;
+    IF _mark_end.disable_reason IS NOT NULL THEN
+        UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = r.job_id;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Run a job now in the calling session, recorded like any run. Must be called
+-- with CALL outside an explicit transaction block: it commits the start mark
+-- before running the job, so a session that dies mid-run is counted as a crash.
+-- The job runs inside a subtransaction so that its failure can be recorded;
+-- a procedure run this way therefore cannot COMMIT (the scheduler runs
+-- procedures at top level, where they can).
+CREATE OR REPLACE PROCEDURE pgsched.run_job(job_id integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    j pgsched.job;
+    is_procedure boolean;
+    rid bigint;
+    err_state text;
+    err_msg text;
+    err_detail text;
+    err_hint text;
+BEGIN
+    SELECT * INTO j FROM pgsched.job WHERE job.job_id = run_job.job_id;
+    IF NOT FOUND THEN
+        PERFORM pgsched._job_not_found(run_job.job_id);
+    END IF;
+    IF j.kind = 'python' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('job %s is a Python job: run it with `pgsched run %s` where its module is importable',
+                             j.job_id, j.job_id);
+    END IF;
+    rid := pgsched._mark_start(j.job_id, pg_catalog.clock_timestamp(), 'manual', NULL, pg_catalog.pg_backend_pid());
+    COMMIT;
+    BEGIN
+        IF j.kind = 'command' THEN
+            EXECUTE j.command;
+        ELSE
+            SELECT p.prokind = 'p' INTO is_procedure
+              FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
+               AND p.proargtypes = '23 3802'::pg_catalog.oidvector;
+            IF is_procedure IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = '42883',
+                    MESSAGE = format('function %I.%I(integer, jsonb) of job %s does not exist', j.proc_schema,
+                                     j.proc_name, j.job_id);
+            END IF;
+            EXECUTE format(CASE WHEN is_procedure THEN 'CALL %I.%I($1, $2)' ELSE 'SELECT %I.%I($1, $2)' END,
+                           j.proc_schema, j.proc_name)
+              USING j.job_id, j.config;
+        END IF;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_msg = MESSAGE_TEXT,
+                                err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT;
+    END;
+    PERFORM pgsched._mark_end(rid, CASE WHEN err_state IS NULL THEN 'success' ELSE 'failure' END, err_state,
+                              err_msg, NULL);
+    COMMIT;
+    IF err_state IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = coalesce(err_detail, ''),
+                              HINT = coalesce(err_hint, '');
+    END IF;
+END
+$$;
