@@ -41,5 +41,73 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     click.echo(f"PL/Python schedule functions: {'installed' if result.plpython else 'not available'}")
 
 
+def _embedded_dsn() -> str:
+    """Start (creating on first use) the per-user local cluster and its `pgsched` database."""
+    from pgsched.embedded import Cluster, default_home
+
+    home = default_home()
+    cluster = Cluster(datadir=home / "pgdata")
+    fresh = not cluster.exists()
+    cluster.initdb()
+    cluster.start()
+    cluster.wait_ready()
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'pgsched'").fetchone() is None:
+            conn.execute("CREATE DATABASE pgsched")
+    dsn = cluster.dsn("pgsched")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate.init(conn)
+    click.echo(
+        f"{'Created' if fresh else 'Using'} the embedded PostgreSQL in {cluster.datadir} (port {cluster.port}).\n"
+        f"Connect:  {cluster.psql_command('pgsched')}\n"
+        "Add a job: CREATE PROCEDURE hello(job_id int, config jsonb) LANGUAGE sql AS "
+        "$$ SELECT 1 $$;  SELECT add_job('hello', '10 seconds');\n"
+        "See runs:  SELECT * FROM job_stats;  SELECT * FROM job_history ORDER BY run_id DESC LIMIT 10;\n"
+        f"Stop it later with: {cluster.bindir}/pg_ctl -D {cluster.datadir} stop",
+        err=True,
+    )
+    return dsn
+
+
+@main.command()
+@dsn_option
+@click.option("--max-workers", type=click.IntRange(1, 1000), default=None,
+              help="Runs at once (default 8).")
+@click.option("--shutdown-timeout", type=click.FloatRange(0), default=None,
+              help="Seconds SIGTERM waits for running jobs before cancelling them (default 30).")
+@click.option("--crash-wait", type=click.FloatRange(0), default=None,
+              help="After start-up, seconds before a job whose run crashed runs again (default 300).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML file of settings; SIGHUP re-reads it.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | None, crash_wait: float | None,
+          config_file: str | None, log_format: str, log_level: str) -> None:
+    """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
+    from pgsched import logs
+    from pgsched.config import read_settings_file
+    from pgsched.scheduler import Scheduler, Settings
+
+    logs.setup(log_format, log_level)
+    cli_values = {k: v for k, v in {"max_workers": max_workers, "shutdown_timeout": shutdown_timeout,
+                                    "crash_wait": crash_wait}.items() if v is not None}
+    try:
+        target = resolve_dsn(dsn)
+        if target is None:
+            target = _embedded_dsn()
+
+        def load() -> Settings:
+            from_file = read_settings_file(config_file) if config_file else {}
+            return Settings(dsn=target or "", **{**from_file, **cli_values})  # type: ignore[arg-type]
+
+        scheduler = Scheduler(load())
+        if config_file:
+            scheduler.reloader = load
+        scheduler.install_signal_handlers()
+        scheduler.run()
+    except PgschedError as e:
+        raise click.ClickException(str(e)) from None
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,3 +38,37 @@ def redact(dsn: str) -> str:
     if "password" in params:
         params["password"] = "***"
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
+
+
+# Settings a --config file may hold (TOML, top-level keys); command-line options win.
+FILE_SETTINGS: dict[str, type] = {
+    "max_workers": int,
+    "shutdown_timeout": float,
+    "crash_wait": float,
+    "safety_interval": float,
+    "heartbeat_interval": float,
+    "dead_after": float,
+    "terminate_grace": float,
+}
+
+
+def read_settings_file(path: str) -> dict[str, object]:
+    """The scheduler settings in a TOML file, checked by name and type."""
+    import tomllib
+
+    from pgsched.errors import ConfigError
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read settings file {path}: {e}") from None
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        kind = FILE_SETTINGS.get(key)
+        if kind is None:
+            raise ConfigError(f"{path}: unknown setting {key!r}; known: {', '.join(sorted(FILE_SETTINGS))}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{path}: {key} must be a positive number, not {value!r}")
+        out[key] = kind(value)
+    return out

@@ -1,0 +1,59 @@
+"""The scheduler's one clock.
+
+Scheduling decisions use the database's time: the claim query compares
+next_start with now() on the server, and the scheduler's own notion of "now"
+is anchored on the server time each round trip returns, advanced by the local
+monotonic clock in between. Several hosts therefore share one clock and a host
+whose wall clock is off does not matter. Tests use FakeClock, which only moves
+when told to.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Current database time (aware, UTC)."""
+        ...
+
+    def anchor(self, db_now: datetime) -> None:
+        """Re-anchor on a time the database just reported."""
+        ...
+
+
+class DbClock:
+    """Database time = last server timestamp seen + local monotonic time elapsed since."""
+
+    def __init__(self) -> None:
+        self._db = datetime.now(UTC)
+        self._mono = time.monotonic()
+
+    def now(self) -> datetime:
+        return self._db + timedelta(seconds=time.monotonic() - self._mono)
+
+    def anchor(self, db_now: datetime) -> None:
+        self._db = db_now.astimezone(UTC)
+        self._mono = time.monotonic()
+
+
+class FakeClock:
+    """A clock for tests: it stands still until advanced or set."""
+
+    def __init__(self, start: datetime) -> None:
+        self._now = start
+
+    def now(self) -> datetime:
+        return self._now
+
+    def anchor(self, db_now: datetime) -> None:
+        pass
+
+    def advance(self, delta: timedelta) -> None:
+        self._now += delta
+
+    def set(self, when: datetime) -> None:
+        self._now = when

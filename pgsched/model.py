@@ -1,0 +1,56 @@
+"""The scheduler's in-memory records: a claimed run and its job's definition.
+
+Only runs in progress are held in memory; the catalog stays the source of truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgsched.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's definition as the claim read it."""
+
+    job_id: int
+    job_name: str
+    kind: str  # proc | command | python
+    owner: str
+    proc_schema: str | None
+    proc_name: str | None
+    is_procedure: bool | None  # None: the proc no longer exists
+    command: str | None
+    code_module: str | None
+    code_function: str | None
+    config: Any
+    schedule: Schedule
+    max_runtime: timedelta | None
+    max_retries: int
+    retry_period: timedelta
+
+
+@dataclass
+class Run:
+    """One claimed run: its identity, its job, and the job_stat counters before it started."""
+
+    run_id: int
+    job: Job
+    plan_time: datetime
+    started_at: datetime
+    consecutive_failures: int  # before this run
+    consecutive_crashes: int  # before this run
+    lease_token: int
+    worker_pid: int | None = None
+    backend_pid: int | None = None
+    deadline: datetime | None = None
+    terminate_at: datetime | None = None  # when a cancelled run gets terminated/killed
+    forced: str | None = None  # 'timeout' or 'cancelled' once the scheduler decided to stop the run
+
+    @property
+    def app_name(self) -> str:
+        """application_name of the run's backend: names the job and run in pg_stat_activity."""
+        return f"pgsched job {self.job.job_id} run {self.run_id}"

@@ -1,0 +1,541 @@
+"""The scheduler loop: one thread that sleeps until something is due, then does it.
+
+It waits on the LISTEN connection's socket, the workers' pipes and a signal
+wake-up pipe, with a timeout at the earliest of: the next job's start, a run's
+deadline, the next heartbeat or the safety re-read. Then it reaps what ended
+(mark_end, one transaction for all of them), enforces timeouts, and claims
+what is due for its idle workers (mark_start, one statement). Time is database
+time (clock.py). `run(until=...)` bounds the loop for tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+import psycopg
+
+from pgsched import __version__, launcher, schedule
+from pgsched.clock import Clock, DbClock
+from pgsched.config import redact
+from pgsched.errors import SchemaVersionMismatch
+from pgsched.faults import crashpoint
+from pgsched.launcher import Worker
+from pgsched.model import Run
+from pgsched.state import JobState, Outcome, end_of_run, transition
+from pgsched.store import Abandoned, Finish, Store
+
+log = logging.getLogger("pgsched.scheduler")
+
+
+@dataclass(frozen=True)
+class Settings:
+    dsn: str
+    max_workers: int = 8
+    shutdown_timeout: float = 30.0
+    crash_wait: float = 300.0  # after a scheduler start, a crashed job waits this long before running again
+    safety_interval: float = 30.0  # re-read the catalog at least this often, NOTIFY or not
+    heartbeat_interval: float = 5.0
+    dead_after: float = 15.0  # an instance silent this long is presumed dead
+    terminate_grace: float = 2.0  # between cancelling a run's query and killing it
+    reconnect_max: float = 10.0
+    standby_poll: float = 5.0
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, *, clock: Clock | None = None, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or DbClock()
+        self.rng = rng or random.Random()
+        self.store: Store | None = None
+        self.instance_id: int | None = None
+        self.workers: dict[int, Worker] = {}
+        self.runs: dict[int, Run] = {}
+        self.pending: list[Finish] = []
+        self.next_due: datetime | None = None
+        self.dirty = True
+        self.stopping = False
+        self.stop_deadline: float | None = None
+        self.reload_requested = False
+        self.reloader: Callable[[], Settings] | None = None
+        self.standby = False
+        self.started_mono = time.monotonic()
+        self._safety_at = 0.0
+        self._heartbeat_at = 0.0
+        self._reconnect_at = 0.0
+        self._reconnect_delay = 0.2
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    # -- public ---------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        if not self.stopping:
+            log.info("stopping: no new runs; waiting up to %ss for %d running", self.settings.shutdown_timeout,
+                     len(self.runs))
+        self.stopping = True
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.settings.shutdown_timeout
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop())
+        signal.signal(signal.SIGHUP, lambda *_: self._request_reload())
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Run until stopped (signal or request_stop) or until `until()` is true."""
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            self._connect(startup=True)
+            while True:
+                if until is not None and until():
+                    self.request_stop()
+                if self.stopping and not self.runs and not self.pending:
+                    break
+                self._tick()
+                self._wait()
+            self._flush()
+        finally:
+            self._shutdown()
+
+    # -- one round of work -------------------------------------------------------------
+    def _tick(self) -> None:
+        if self.reload_requested:
+            self._reload()
+        self._read_workers()
+        self._enforce_deadlines()
+        if self.store is None and time.monotonic() >= self._reconnect_at:
+            self._connect(startup=False)
+        if self.store is None:
+            return
+        try:
+            self._flush()
+            if self.standby:
+                self._check_standby()
+                return
+            if self.store.drain_notifies():
+                self.dirty = True
+                self._cancel_deleted_runs()
+            now_mono = time.monotonic()
+            if now_mono >= self._heartbeat_at:
+                assert self.instance_id is not None
+                self.store.heartbeat(self.instance_id, self.settings.max_workers)
+                self._heartbeat_at = now_mono + self.settings.heartbeat_interval
+                self._close_abandoned(startup=False)
+            if self.dirty or now_mono >= self._safety_at:
+                self._refresh_plan()
+            self._ensure_workers()
+            if not self.stopping:
+                self._claim_due()
+        except psycopg.OperationalError as e:
+            self._lost_connection(e)
+
+    def _refresh_plan(self) -> None:
+        assert self.store is not None
+        self.dirty = False
+        self._safety_at = time.monotonic() + self.settings.safety_interval
+        next_due, unplanned = self.store.next_due()
+        if unplanned:
+            self._plan_unplanned()
+            next_due, _ = self.store.next_due()
+        self.next_due = next_due
+
+    def _plan_unplanned(self) -> None:
+        assert self.store is not None
+        now = self.clock.now()
+        starts = []
+        for job_id, sched, problem in self.store.unplanned():
+            if sched is None:
+                self._disable_bad_job(job_id, problem or "invalid schedule")
+                continue
+            starts.append((job_id, schedule.first_start(sched, now)))
+        self.store.plan(starts)
+
+    def _disable_bad_job(self, job_id: int, reason: str) -> None:
+        assert self.store is not None
+        log.error("job %s disabled: %s", job_id, reason)
+        self.store.disable(job_id, reason)
+
+    def _claim_due(self) -> None:
+        assert self.store is not None and self.instance_id is not None
+        if self.next_due is None or self.next_due > self.clock.now():
+            return
+        idle = [w for w in self.workers.values() if w.idle]
+        if not idle:
+            return
+        claimed = self.store.claim(self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle])
+        crashpoint("after_mark_start")
+        if len(claimed) < len(idle):
+            self.dirty = True  # nothing more is due now: learn when the next one is
+        for c in claimed:
+            worker = self.workers.get(c.worker_pid or -1)
+            if c.run is None or worker is None:
+                self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
+                continue
+            self._launch_run(worker, c.run)
+
+    def _launch_run(self, worker: Worker, run: Run) -> None:
+        job = run.job
+        transition(job.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {run.run_id} claimed")
+        if job.kind == "proc" and job.is_procedure is None:
+            self._fail_unrunnable(run.run_id, job.job_id,
+                                  f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist", run=run)
+            return
+        if job.kind == "python":
+            self._fail_unrunnable(run.run_id, job.job_id, "Python jobs are not supported by this scheduler yet",
+                                  run=run)
+            return
+        if job.max_runtime is not None:
+            run.deadline = run.started_at + job.max_runtime
+        worker.run = run
+        self.runs[run.run_id] = run
+        lag = (run.started_at - run.plan_time).total_seconds()
+        log.info("run start job=%s name=%r run=%s plan=%s lag=%.3fs worker=%s", job.job_id, job.job_name,
+                 run.run_id, run.plan_time.isoformat(), lag, worker.pid)
+        try:
+            worker.send({
+                "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
+                "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
+                "command": job.command, "config": job.config, "app": run.app_name,
+            })
+        except OSError:
+            # The worker died between claim and send; reaping it records the crash.
+            worker.retiring = True
+
+    def _fail_unrunnable(self, run_id: int, job_id: int, reason: str, run: Run | None = None) -> None:
+        """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
+        log.error("job %s cannot run and is disabled: %s", job_id, reason)
+        now = self.clock.now()
+        self.pending.append(Finish(run_id=run_id, outcome=Outcome.FAILURE, sqlstate="55000", message=reason,
+                                   next_start=None, finished_at=now, disable_reason=reason))
+
+    # -- workers ------------------------------------------------------------------------
+    def _ensure_workers(self) -> None:
+        if self.stopping or self.store is None or self.standby:
+            return
+        live = [w for w in self.workers.values() if not w.retiring]
+        for _ in range(self.settings.max_workers - len(live)):
+            w = launcher.launch(self.settings.dsn)
+            self.workers[w.pid] = w
+            self._selector.register(w.proc.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
+
+    def _read_workers(self) -> None:
+        for worker in list(self.workers.values()):
+            alive = worker.read()
+            for ev in worker.events:
+                self._on_worker_event(worker, ev)
+            worker.events.clear()
+            if not alive:
+                self._reap(worker)
+
+    def _on_worker_event(self, worker: Worker, ev: dict[str, object]) -> None:
+        kind = ev.get("event")
+        if kind == "ready":
+            worker.ready = True
+            worker.backend_pid = int(str(ev["backend_pid"]))
+            self.dirty = self.dirty or self.next_due is not None
+        elif kind == "done":
+            run = worker.run
+            if run is None or run.run_id != ev.get("run_id"):
+                log.warning("worker %s reported an unknown run %s", worker.pid, ev.get("run_id"))
+                return
+            if ev.get("ok"):
+                outcome, state, msg = Outcome.SUCCESS, None, None
+            elif ev.get("lost"):
+                outcome, state = Outcome.CRASH, ev.get("sqlstate")
+                msg = f"database connection lost: {ev.get('message')}"
+            else:
+                outcome, state, msg = Outcome.FAILURE, ev.get("sqlstate"), ev.get("message")
+            if run.forced:
+                outcome = Outcome(run.forced)
+                msg = self._forced_message(run, msg if isinstance(msg, str) else None)
+            if ev.get("lost") or run.forced:
+                worker.retiring = True
+            worker.run = None
+            self._end_run(run, outcome, state if isinstance(state, str) else None,
+                          msg if isinstance(msg, str) else None)
+            if worker.retiring:
+                worker.close_stdin()
+        elif kind == "error":
+            log.error("worker %s could not start: %s", worker.pid, ev.get("message"))
+
+    def _reap(self, worker: Worker) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(worker.proc.stdout)  # type: ignore[arg-type]
+        code = launcher.reap(worker)
+        self.workers.pop(worker.pid, None)
+        run = worker.run
+        if run is None:
+            if code not in (0, 4, None):
+                log.warning("idle worker %s %s", worker.pid, launcher.describe_exit(code))
+            return
+        worker.run = None
+        how = launcher.describe_exit(code)
+        if run.forced:
+            outcome, msg = Outcome(run.forced), self._forced_message(run, None)
+        else:
+            outcome, msg = Outcome.CRASH, f"worker process {worker.pid} {how} during the run"
+        log.warning("run %s of job %s: worker %s %s", run.run_id, run.job.job_id, worker.pid, how)
+        self._terminate_backend(run)
+        self._end_run(run, outcome, None, msg)
+
+    def _forced_message(self, run: Run, detail: str | None) -> str:
+        if run.forced == Outcome.TIMEOUT:
+            return f"exceeded max_runtime {run.job.max_runtime}" + (f" ({detail})" if detail else "")
+        return "cancelled by scheduler shutdown" + (f" ({detail})" if detail else "")
+
+    def _terminate_backend(self, run: Run) -> None:
+        if run.backend_pid and self.store is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.store.signal_backend(run.backend_pid, terminate=True)
+
+    # -- ends of runs -------------------------------------------------------------------
+    def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None) -> None:
+        self.runs.pop(run.run_id, None)
+        finish = self.clock.now()
+        job = run.job
+        end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
+                         consecutive_failures=run.consecutive_failures,
+                         consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
+        skipped = schedule.skipped_slots(job.schedule, plan_time=run.plan_time, finish=finish)
+        current = JobState.TERMINATING if run.forced else JobState.STARTING
+        transition(job.job_id, current, end.next_state, f"run {run.run_id} ended: {outcome}")
+        if end.disable_reason:
+            log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
+        log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
+                 (finish - run.started_at).total_seconds(), f" error={message!r}" if message else "")
+        self.pending.append(Finish(
+            run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
+            finished_at=finish, disable_reason=end.disable_reason, skipped=skipped,
+        ))
+        if self.next_due is None or end.next_start < self.next_due:
+            self.next_due = end.next_start
+
+    def _flush(self) -> None:
+        if not self.pending or self.store is None:
+            return
+        batch, self.pending = self.pending, []
+        try:
+            self.store.finish(batch)
+        except psycopg.OperationalError:
+            self.pending = batch + self.pending  # written after reconnecting; _mark_end is idempotent
+            raise
+        crashpoint("after_mark_end")
+
+    def _enforce_deadlines(self) -> None:
+        now = self.clock.now()
+        for run in list(self.runs.values()):
+            if run.forced is None and run.deadline is not None and now >= run.deadline:
+                self._stop_run(run, Outcome.TIMEOUT)
+            elif run.terminate_at is not None and now >= run.terminate_at:
+                worker = self.workers.get(run.worker_pid or -1)
+                log.warning("run %s of job %s did not stop after cancel: terminating", run.run_id, run.job.job_id)
+                self._terminate_backend(run)
+                if worker is not None:
+                    worker.signal_group(signal.SIGKILL)
+                run.terminate_at = None
+        if self.stopping and self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
+            for run in list(self.runs.values()):
+                if run.forced is None:
+                    self._stop_run(run, Outcome.CANCELLED)
+
+    def _stop_run(self, run: Run, why: Outcome) -> None:
+        """Move a run to TERMINATING: cancel its query now, kill it after a grace period."""
+        transition(run.job.job_id, JobState.STARTING, JobState.TERMINATING, f"run {run.run_id}: {why}")
+        run.forced = why
+        run.terminate_at = self.clock.now() + timedelta(seconds=self.settings.terminate_grace)
+        if self.store is None:
+            return
+        try:
+            self.store.set_terminating(run.run_id)
+            if run.backend_pid:
+                self.store.signal_backend(run.backend_pid, terminate=False)
+        except psycopg.OperationalError as e:
+            self._lost_connection(e)
+
+    def _cancel_deleted_runs(self) -> None:
+        assert self.store is not None
+        for run_id in self.store.missing_runs(list(self.runs)):
+            run = self.runs.get(run_id)
+            if run is not None and run.forced is None:
+                log.info("job %s was deleted while run %s was in progress: cancelling it", run.job.job_id, run_id)
+                self._stop_run(run, Outcome.CANCELLED)
+
+    # -- crashes found in the catalog -------------------------------------------------
+    def _close_abandoned(self, *, startup: bool) -> None:
+        assert self.store is not None and self.instance_id is not None
+        found = self.store.abandoned(self.instance_id, timedelta(seconds=self.settings.dead_after))
+        if not found:
+            return
+        now = self.clock.now()
+        finishes = [self._abandoned_finish(a, now, startup) for a in found]
+        self.store.finish(finishes)
+
+    def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
+        assert self.store is not None
+        # The backend may still be executing the run's query: an orphan nobody will ever read.
+        if a.backend_pid and a.backend_app == f"pgsched job {a.job_id} run {a.run_id}":
+            log.warning("terminating orphan backend %s of run %s (job %s)", a.backend_pid, a.run_id, a.job_id)
+            self.store.signal_backend(a.backend_pid, terminate=True)
+        log.warning("run %s of job %s was abandoned by its scheduler or session: recorded as a crash",
+                    a.run_id, a.job_id)
+        if a.schedule is None:
+            return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=a.problem,
+                          next_start=None, finished_at=now, disable_reason=a.problem)
+        nxt = schedule.next_after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
+                                        retry_period=a.retry_period, rng=self.rng)
+        if startup:
+            nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
+        return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None,
+                      message="the run's scheduler or session ended before the run did", next_start=nxt,
+                      finished_at=now)
+
+    # -- connection ---------------------------------------------------------------------
+    def _connect(self, *, startup: bool) -> None:
+        try:
+            store = Store(self.settings.dsn, self.clock)
+        except psycopg.OperationalError as e:
+            if startup and self._reconnect_delay == 0.2:
+                log.warning("cannot connect to %s: %s", redact(self.settings.dsn), _first_line(e))
+            self._schedule_reconnect()
+            return
+        try:
+            store.check_version()
+            self.store = store
+            self._selector.register(store.conn, selectors.EVENT_READ, "db")
+            self._reconnect_delay = 0.2
+            if store.in_recovery():
+                if not self.standby:
+                    log.info("the server is a standby (read-only): idle until it is promoted")
+                self.standby = True
+                self._safety_at = time.monotonic() + self.settings.standby_poll
+                return
+            self._become_active(first=self.instance_id is None)
+        except SchemaVersionMismatch:
+            store.close()
+            raise
+        except psycopg.OperationalError as e:
+            self._lost_connection(e)
+
+    def _become_active(self, *, first: bool) -> None:
+        assert self.store is not None
+        self.standby = False
+        if first:
+            self.instance_id = self.store.register_instance(socket.gethostname(), os.getpid(), __version__,
+                                                            self.settings.max_workers)
+            log.info("scheduler instance %s started (max_workers=%s)", self.instance_id, self.settings.max_workers)
+        else:
+            assert self.instance_id is not None
+            self.store.heartbeat(self.instance_id, self.settings.max_workers)
+            log.info("reconnected to the database")
+        self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
+        self._close_abandoned(startup=first)
+        self.dirty = True
+
+    def _check_standby(self) -> None:
+        assert self.store is not None
+        if time.monotonic() < self._safety_at:
+            return
+        self._safety_at = time.monotonic() + self.settings.standby_poll
+        if not self.store.in_recovery():
+            log.info("the server was promoted: starting")
+            self._become_active(first=self.instance_id is None)
+
+    def _lost_connection(self, e: Exception) -> None:
+        log.warning("lost the database connection: %s", _first_line(e))
+        if self.store is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self.store.conn)
+            with contextlib.suppress(Exception):
+                self.store.close()
+        self.store = None
+        self._schedule_reconnect()
+
+    def _schedule_reconnect(self) -> None:
+        delay = self._reconnect_delay * self.rng.uniform(0.8, 1.2)
+        self._reconnect_at = time.monotonic() + delay
+        self._reconnect_delay = min(self._reconnect_delay * 2, self.settings.reconnect_max)
+
+    # -- waiting ---------------------------------------------------------------------------
+    def _wait(self) -> None:
+        timeout = self._wait_seconds()
+        if timeout <= 0:
+            return
+        for key, _ in self._selector.select(timeout):
+            if key.data == "wake":
+                with contextlib.suppress(BlockingIOError):
+                    while self._wake_r.recv(4096):
+                        pass
+
+    def _wait_seconds(self) -> float:
+        now_mono = time.monotonic()
+        candidates = [self._safety_at - now_mono, self._heartbeat_at - now_mono]
+        if self.store is None:
+            candidates.append(self._reconnect_at - now_mono)
+        now = self.clock.now()
+        if self.next_due is not None and any(w.idle for w in self.workers.values()) and not self.stopping:
+            candidates.append((self.next_due - now).total_seconds())
+        for run in self.runs.values():
+            for t in (run.deadline if run.forced is None else None, run.terminate_at):
+                if t is not None:
+                    candidates.append((t - now).total_seconds())
+        if self.stopping and self.stop_deadline is not None:
+            candidates.append(self.stop_deadline - now_mono)
+        if self.pending:
+            candidates.append(0.05 if self.store is None else 0)
+        return max(0.0, min(candidates))
+
+    # -- settings and shutdown ---------------------------------------------------------
+    def _request_reload(self) -> None:
+        self.reload_requested = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _reload(self) -> None:
+        self.reload_requested = False
+        if self.reloader is None:
+            log.info("SIGHUP: no settings file to reload")
+            return
+        try:
+            new = self.reloader()
+        except Exception as e:
+            log.error("SIGHUP: settings not reloaded: %s", e)
+            return
+        self.settings = replace(new, dsn=self.settings.dsn)
+        log.info("SIGHUP: settings reloaded (max_workers=%s)", self.settings.max_workers)
+        live = [w for w in self.workers.values() if not w.retiring]
+        for w in live[self.settings.max_workers:]:
+            w.retiring = True
+            if w.run is None:
+                w.close_stdin()
+
+    def _shutdown(self) -> None:
+        for worker in list(self.workers.values()):
+            worker.close_stdin()
+        for worker in list(self.workers.values()):
+            launcher.reap(worker, timeout=2.0)
+        self.workers.clear()
+        if self.store is not None:
+            with contextlib.suppress(psycopg.Error):
+                if self.instance_id is not None:
+                    self.store.stop_instance(self.instance_id)
+            self.store.close()
+        self._selector.close()
+        log.info("scheduler stopped")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

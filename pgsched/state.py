@@ -1,0 +1,115 @@
+"""Job states, run outcomes and the decisions taken when a run ends.
+
+The state machine is TimescaleDB's:
+
+    SCHEDULED -> STARTING -> SCHEDULED          a run started and ended
+                 STARTING -> TERMINATING -> SCHEDULED   a run was cancelled (timeout, shutdown)
+    SCHEDULED | STARTING | TERMINATING -> DISABLED      paused, or max_retries reached
+    DISABLED -> SCHEDULED                       re-enabled
+
+Every change of a job's state goes through `transition`, which checks that the
+previous state may lead to the new one and logs it. The states themselves are
+persisted in job_stat.state by the store. `end_of_run` is pure: given the job,
+its counters and how the run ended, it says the next start and whether the job
+must be disabled.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from pgsched import schedule
+from pgsched.errors import PgschedError
+from pgsched.model import Job
+
+log = logging.getLogger("pgsched.state")
+
+
+class JobState(StrEnum):
+    SCHEDULED = "scheduled"
+    STARTING = "starting"
+    TERMINATING = "terminating"
+    DISABLED = "disabled"
+
+
+class Outcome(StrEnum):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILURE = "failure"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+    MISSED = "missed"
+
+
+ALLOWED: dict[JobState, frozenset[JobState]] = {
+    JobState.SCHEDULED: frozenset({JobState.STARTING, JobState.DISABLED}),
+    JobState.STARTING: frozenset({JobState.SCHEDULED, JobState.TERMINATING, JobState.DISABLED}),
+    JobState.TERMINATING: frozenset({JobState.SCHEDULED, JobState.DISABLED}),
+    JobState.DISABLED: frozenset({JobState.SCHEDULED}),
+}
+
+
+class IllegalTransition(PgschedError):
+    """A job was asked to move between two states that do not connect."""
+
+
+def transition(job_id: int, current: JobState, to: JobState, why: str) -> JobState:
+    """The one place a job's state changes."""
+    if to not in ALLOWED[current]:
+        raise IllegalTransition(f"job {job_id}: {current} -> {to} is not allowed ({why})")
+    log.debug("job %s: %s -> %s (%s)", job_id, current, to, why)
+    return to
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What closing a run writes besides its outcome."""
+
+    outcome: Outcome
+    next_start: datetime
+    next_state: JobState
+    disable_reason: str | None = None
+
+
+def end_of_run(
+    job: Job,
+    *,
+    outcome: Outcome,
+    plan_time: datetime,
+    finish: datetime,
+    consecutive_failures: int,
+    consecutive_crashes: int,
+    message: str | None,
+    rng: random.Random,
+) -> RunEnd:
+    """Next start and state after a run of `job` ended with `outcome` at `finish`.
+
+    consecutive_failures / consecutive_crashes are the counters before this run.
+    """
+    s = job.schedule
+    if outcome is Outcome.SUCCESS or outcome is Outcome.CANCELLED:
+        nxt = schedule.next_after_success(s, plan_time=plan_time, finish=finish)
+        return RunEnd(outcome, nxt, JobState.SCHEDULED)
+    if outcome is Outcome.CRASH:
+        nxt = schedule.next_after_crash(
+            s, plan_time=plan_time, now=finish, crashes=consecutive_crashes + 1,
+            retry_period=job.retry_period, rng=rng,
+        )
+        return RunEnd(outcome, nxt, JobState.SCHEDULED)
+    failures = consecutive_failures + 1
+    nxt = schedule.next_after_failure(
+        s, plan_time=plan_time, finish=finish, failures=failures, retry_period=job.retry_period, rng=rng,
+    )
+    if 0 <= job.max_retries < failures:
+        reason = (
+            f"disabled after {failures} consecutive failures (max_retries = {job.max_retries})"
+            + (f"; last error: {message}" if message else "")
+        )
+        return RunEnd(outcome, nxt, JobState.DISABLED, reason)
+    return RunEnd(outcome, nxt, JobState.SCHEDULED)

@@ -1,0 +1,263 @@
+"""The scheduler's database access: the only module that talks SQL.
+
+Every statement here calls a named function from sql/api/ (40_scheduler.sql,
+20_runs.sql), so each piece of SQL has one home. The connection is autocommit:
+a single call is its own transaction, and the few multi-statement writes use an
+explicit transaction. The store anchors the scheduler's clock on the database
+time its queries return.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgsched import migrate, schedule
+from pgsched.clock import Clock
+from pgsched.model import Job, Run
+from pgsched.schedule import Interval, Schedule
+
+log = logging.getLogger("pgsched.store")
+
+CHANNEL = "pgsched_catalog"
+
+
+@lru_cache(maxsize=4096)
+def _cron(expr: str) -> schedule.Cron:
+    return schedule.parse_cron(expr)
+
+
+def schedule_from_row(row: dict[str, Any]) -> Schedule:
+    """A Schedule from catalog columns; ScheduleError if the row is not a valid schedule."""
+    tz = schedule.zone(row["timezone"])
+    months = row["months"]
+    if months is None:
+        return Schedule(interval=None, cron=_cron(row["schedule"]), fixed=True, origin=row["initial_start"], tz=tz)
+    iv = Interval(int(months), int(row["days"]), int(row["micros"]))
+    return Schedule(interval=iv, cron=None, fixed=bool(row["fixed_schedule"]), origin=row["initial_start"], tz=tz)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed run, or the reason its job cannot run (bad catalog row)."""
+
+    run: Run | None
+    run_id: int
+    job_id: int
+    worker_pid: int | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How to close one run (arguments of pgsched._mark_end)."""
+
+    run_id: int
+    outcome: str
+    sqlstate: str | None
+    message: str | None
+    next_start: datetime | None
+    finished_at: datetime
+    disable_reason: str | None = None
+    skipped: tuple[int, datetime | None, datetime | None] = (0, None, None)
+    rows_affected: int | None = None
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    run_id: int
+    job_id: int
+    plan_time: datetime
+    backend_pid: int | None
+    backend_app: str | None
+    consecutive_crashes: int
+    schedule: Schedule | None
+    retry_period: timedelta
+    problem: str | None
+
+
+class Store:
+    """One autocommit connection: LISTEN, claims, run closes, instance heartbeats."""
+
+    def __init__(self, dsn: str, clock: Clock, *, application_name: str = "pgsched scheduler") -> None:
+        self.dsn = dsn
+        self.clock = clock
+        self.conn: psycopg.Connection[dict[str, Any]] = psycopg.connect(
+            dsn, autocommit=True, row_factory=dict_row, application_name=application_name
+        )
+        # Our own job_stat writes must not wake us (or our peers) through NOTIFY.
+        self.conn.execute("SET pgsched.internal = on")
+        self.conn.execute(f"LISTEN {CHANNEL}")
+
+    def close(self) -> None:
+        if not self.conn.closed:
+            self.conn.close()
+
+    @property
+    def broken(self) -> bool:
+        return self.conn.closed or self.conn.broken
+
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    # -- start-up -------------------------------------------------------------
+    def check_version(self) -> int:
+        return migrate.check_version(self.conn)  # type: ignore[arg-type]
+
+    def in_recovery(self) -> bool:
+        row = self.conn.execute("SELECT pg_is_in_recovery() AS r").fetchone()
+        return bool(row and row["r"])
+
+    def register_instance(self, host: str, pid: int, version: str, max_workers: int) -> int:
+        row = self.conn.execute(
+            "SELECT * FROM pgsched._register_instance(%s, %s, %s, %s)", (host, pid, version, max_workers)
+        ).fetchone()
+        assert row is not None
+        self.clock.anchor(row["db_now"])
+        return int(row["instance_id"])
+
+    def heartbeat(self, instance_id: int, max_workers: int) -> None:
+        row = self.conn.execute(
+            "SELECT pgsched._instance_heartbeat(%s, %s) AS t", (instance_id, max_workers)
+        ).fetchone()
+        if row and row["t"]:
+            self.clock.anchor(row["t"])
+
+    def stop_instance(self, instance_id: int) -> None:
+        self.conn.execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
+
+    # -- notifications -------------------------------------------------------------
+    def drain_notifies(self) -> int:
+        """Read pending notifications without blocking; how many arrived."""
+        n = 0
+        pg = self.conn.pgconn
+        r, _, _ = select.select([pg.socket], [], [], 0)
+        if r:
+            pg.consume_input()
+        while pg.notifies() is not None:
+            n += 1
+        return n
+
+    # -- planning -------------------------------------------------------------
+    def next_due(self) -> tuple[datetime | None, bool]:
+        row = self.conn.execute("SELECT * FROM pgsched._next_due()").fetchone()
+        assert row is not None
+        self.clock.anchor(row["db_now"])
+        return row["next_due"], bool(row["unplanned"])
+
+    def unplanned(self, limit: int = 1000) -> list[tuple[int, Schedule | None, str | None]]:
+        """Jobs without next_start: (job_id, schedule or None, problem)."""
+        out: list[tuple[int, Schedule | None, str | None]] = []
+        for row in self.conn.execute("SELECT * FROM pgsched._unplanned(%s)", (limit,)):
+            try:
+                out.append((row["job_id"], schedule_from_row(row), None))
+            except (schedule.ScheduleError, ValueError) as e:
+                out.append((row["job_id"], None, f"invalid schedule in the catalog: {e}"))
+        return out
+
+    def plan(self, starts: Sequence[tuple[int, datetime]]) -> None:
+        if starts:
+            self.conn.execute(
+                "SELECT pgsched._plan(%s, %s)", ([j for j, _ in starts], [t for _, t in starts])
+            )
+
+    # -- runs -------------------------------------------------------------
+    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]]) -> list[Claimed]:
+        """Mark the start of up to len(workers) due runs; worker i gets the i-th run."""
+        if not workers:
+            return []
+        rows = self.conn.execute(
+            "SELECT * FROM pgsched._claim(%s, %s, %s)",
+            (instance_id, [w for w, _ in workers], [b for _, b in workers]),
+        ).fetchall()
+        out = []
+        for row in rows:
+            self.clock.anchor(row["started_at"])
+            try:
+                job = _job_from_row(row)
+            except (schedule.ScheduleError, ValueError) as e:
+                out.append(Claimed(None, row["run_id"], row["job_id"], row["worker_pid"],
+                                   f"invalid schedule in the catalog: {e}"))
+                continue
+            run = Run(
+                run_id=row["run_id"], job=job, plan_time=row["plan_time"], started_at=row["started_at"],
+                consecutive_failures=row["consecutive_failures"], consecutive_crashes=row["consecutive_crashes"],
+                lease_token=row["lease_token"], worker_pid=row["worker_pid"], backend_pid=row["backend_pid"],
+            )
+            out.append(Claimed(run, run.run_id, job.job_id, row["worker_pid"]))
+        return out
+
+    def finish(self, finishes: Iterable[Finish]) -> list[bool]:
+        """Close runs in one transaction; per run, whether it was still open."""
+        results = []
+        with self.conn.transaction():
+            for f in finishes:
+                row = self.conn.execute(
+                    "SELECT pgsched._mark_end(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb) AS ok",
+                    (f.run_id, f.outcome, f.sqlstate, f.message, f.next_start, f.finished_at,
+                     f.disable_reason, f.rows_affected,
+                     None if f.result is None else psycopg.types.json.Jsonb(f.result)),
+                ).fetchone()
+                ok = bool(row and row["ok"])
+                if ok and f.skipped[0] > 0:
+                    self.conn.execute(
+                        "SELECT pgsched._record_skipped(%s, %s, %s, %s)", (f.run_id, *f.skipped)
+                    )
+                results.append(ok)
+        return results
+
+    def disable(self, job_id: int, reason: str) -> None:
+        self.conn.execute("SELECT pgsched._disable_job(%s, %s)", (job_id, reason))
+
+    def set_terminating(self, run_id: int) -> None:
+        self.conn.execute("SELECT pgsched._set_terminating(%s)", (run_id,))
+
+    def abandoned(self, instance_id: int, dead_after: timedelta) -> list[Abandoned]:
+        out = []
+        for row in self.conn.execute("SELECT * FROM pgsched._abandoned_runs(%s, %s)", (instance_id, dead_after)):
+            sched: Schedule | None = None
+            problem = None
+            try:
+                sched = schedule_from_row(row)
+            except (schedule.ScheduleError, ValueError) as e:
+                problem = f"invalid schedule in the catalog: {e}"
+            out.append(Abandoned(
+                run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"],
+                backend_pid=row["backend_pid"], backend_app=row["backend_app"],
+                consecutive_crashes=row["consecutive_crashes"], schedule=sched,
+                retry_period=timedelta(seconds=row["retry_period_s"]), problem=problem,
+            ))
+        return out
+
+    def missing_runs(self, run_ids: Sequence[int]) -> set[int]:
+        if not run_ids:
+            return set()
+        rows = self.conn.execute("SELECT * FROM pgsched._missing_runs(%s) AS r", (list(run_ids),)).fetchall()
+        return {int(r["r"]) for r in rows}
+
+    def signal_backend(self, pid: int, *, terminate: bool) -> bool:
+        fn = "pg_terminate_backend" if terminate else "pg_cancel_backend"
+        row = self.conn.execute(f"SELECT {fn}(%s) AS ok", (pid,)).fetchone()
+        return bool(row and row["ok"])
+
+
+
+def _job_from_row(row: dict[str, Any]) -> Job:
+    max_runtime = row["max_runtime_s"]
+    return Job(
+        job_id=row["job_id"], job_name=row["job_name"], kind=row["kind"], owner=row["owner"],
+        proc_schema=row["proc_schema"], proc_name=row["proc_name"], is_procedure=row["is_procedure"],
+        command=row["command"], code_module=row["code_module"], code_function=row["code_function"],
+        config=row["config"], schedule=schedule_from_row(row),
+        max_runtime=None if max_runtime is None else timedelta(seconds=max_runtime),
+        max_retries=row["max_retries"], retry_period=timedelta(seconds=row["retry_period_s"]),
+    )

@@ -1,0 +1,216 @@
+-- What `pgsched serve` runs: claiming due jobs (mark_start for a batch, one
+-- statement), the instance registry, finding runs nobody will finish, and the
+-- skipped-slot record. Closing a run is pgsched._mark_end (20_runs.sql).
+
+-- Claim up to cardinality(worker_pids) due jobs, most overdue first, and mark
+-- their start: each gets a 'running' job_run row carrying the worker that will
+-- run it, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED
+-- and the state check let several schedulers claim at once without waiting on
+-- or double-claiming each other; the unique (job_id, scope, plan_time) key makes
+-- a planned run happen at most once even so. A job whose planned run already
+-- exists (e.g. next_start was set back by hand to a plan that ran) gets its
+-- next_start cleared, and the scheduler computes a fresh one.
+CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[])
+RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at timestamptz, lease_token bigint,
+               worker_pid integer, backend_pid integer, consecutive_failures integer,
+               consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
+               proc_name name, is_procedure boolean, command text, code_module text, code_function text,
+               config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
+               initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
+               retry_period_s double precision)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH due AS (
+        SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
+               row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
+          FROM (SELECT * FROM pgsched.job_stat s
+                 WHERE s.state = 'scheduled' AND s.next_start <= now()
+                 ORDER BY s.next_start, s.job_id
+                 LIMIT cardinality(worker_pids)
+                   FOR UPDATE SKIP LOCKED) s
+    ), runs AS (
+        INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
+                                          instance_id, lease_token, heartbeat_at)
+        SELECT d.job_id, d.next_start,
+               CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
+               now(), worker_pids[d.n], backend_pids[d.n], instance_id,
+               nextval('pgsched.lease_token_seq'), now()
+          FROM due d
+        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
+        RETURNING r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+    ), started AS (
+        UPDATE pgsched.job_stat s
+           SET state = 'starting', current_run_id = r.run_id, last_start = r.started_at,
+               total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
+               consecutive_crashes = s.consecutive_crashes + 1
+          FROM runs r
+         WHERE s.job_id = r.job_id
+        RETURNING s.job_id
+    ), conflicted AS (
+        UPDATE pgsched.job_stat s SET next_start = NULL
+          FROM due d
+         WHERE s.job_id = d.job_id AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = d.job_id)
+        RETURNING s.job_id
+    )
+    SELECT r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid,
+           d.consecutive_failures, d.consecutive_crashes,
+           j.job_name, j.kind, j.owner::text, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
+           j.code_module, j.code_function, j.config, j.schedule, ip.months, ip.days, ip.micros,
+           j.fixed_schedule, j.initial_start, j.timezone, extract(epoch FROM j.max_runtime)::float8,
+           j.max_retries, extract(epoch FROM j.retry_period)::float8
+      FROM runs r
+      JOIN due d ON d.job_id = r.job_id
+      JOIN pgsched.job j ON j.job_id = r.job_id
+      LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
+      LEFT JOIN LATERAL (
+          SELECT p.prokind = 'p' AS is_procedure
+            FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+           WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
+             AND p.proargtypes = '23 3802'::pg_catalog.oidvector
+      ) pr ON true
+     ORDER BY r.plan_time, r.job_id
+$$;
+
+-- Jobs whose next_start nobody has computed yet (cron jobs on a server without
+-- PL/Python, fixed schedules whose origin is past, conflicts cleared by _claim).
+CREATE OR REPLACE FUNCTION pgsched._unplanned(max_rows integer)
+RETURNS TABLE (job_id integer, schedule text, months integer, days integer, micros bigint,
+               fixed_schedule boolean, initial_start timestamptz, timezone text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, j.initial_start, j.timezone
+      FROM pgsched.job_stat s
+      JOIN pgsched.job j ON j.job_id = s.job_id
+      LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
+     WHERE s.state = 'scheduled' AND s.next_start IS NULL
+     ORDER BY j.job_id
+     LIMIT max_rows
+$$;
+
+-- Set next_start only where it is still unset, so a concurrent alter_job wins.
+CREATE OR REPLACE FUNCTION pgsched._plan(job_ids integer[], next_starts timestamptz[])
+RETURNS integer LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH u AS (
+        UPDATE pgsched.job_stat s SET next_start = p.next_start
+          FROM unnest(job_ids, next_starts) AS p(job_id, next_start)
+         WHERE s.job_id = p.job_id AND s.next_start IS NULL
+        RETURNING 1)
+    SELECT count(*)::integer FROM u
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._next_due()
+RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT (SELECT min(s.next_start) FROM pgsched.job_stat s WHERE s.state = 'scheduled'),
+           EXISTS (SELECT 1 FROM pgsched.job_stat s WHERE s.state = 'scheduled' AND s.next_start IS NULL),
+           clock_timestamp()
+$$;
+
+-- A run that ends while later slots of its job came due records them once:
+-- total_skipped counts them and one 'skipped' history row names the range.
+CREATE OR REPLACE FUNCTION pgsched._record_skipped(run_id bigint, skipped integer, first_slot timestamptz,
+                                                   last_slot timestamptz)
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH r AS (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = _record_skipped.run_id),
+    ins AS (
+        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at)
+        SELECT r.job_id, first_slot, 'schedule', 'skipped',
+               format('%s slot(s) from %s to %s skipped: run %s was still in progress', skipped, first_slot,
+                      last_slot, _record_skipped.run_id), clock_timestamp()
+          FROM r
+        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING)
+    UPDATE pgsched.job_stat s SET total_skipped = s.total_skipped + skipped
+      FROM r WHERE s.job_id = r.job_id
+$$;
+
+-- TERMINATING is persisted so that job_stats shows a run being cancelled.
+CREATE OR REPLACE FUNCTION pgsched._set_terminating(run_id bigint)
+RETURNS boolean LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH u AS (
+        UPDATE pgsched.job_stat s SET state = 'terminating'
+         WHERE s.current_run_id = _set_terminating.run_id AND s.state = 'starting'
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._register_instance(host text, pid integer, version text, max_workers integer)
+RETURNS TABLE (instance_id bigint, db_now timestamptz)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO pgsched.instance (host, pid, version, backend_pid, max_workers)
+    VALUES (host, pid, version, pg_catalog.pg_backend_pid(), max_workers)
+    RETURNING instance_id, now()
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat(instance_id bigint, max_workers integer)
+RETURNS timestamptz LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE pgsched.instance i
+       SET heartbeat_at = now(), max_workers = _instance_heartbeat.max_workers,
+           backend_pid = pg_catalog.pg_backend_pid(), stopped_at = NULL
+     WHERE i.instance_id = _instance_heartbeat.instance_id
+    RETURNING now()
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._instance_stop(instance_id bigint)
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE pgsched.instance i SET stopped_at = now() WHERE i.instance_id = _instance_stop.instance_id
+$$;
+
+-- Runs that nobody will finish: their scheduler stopped, died or stopped
+-- heartbeating (dead_after), or, for run_job, the calling session is gone.
+-- backend_app is the application_name of the run's backend if it still exists:
+-- the caller terminates it only when that still names this run.
+-- The caller closes each as a crash (the counters were already raised at
+-- mark_start) and terminates any backend still executing it.
+CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval)
+RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, backend_pid integer,
+               backend_app text, consecutive_crashes integer, schedule text, months integer,
+               days integer, micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text,
+               retry_period_s double precision)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.run_id, r.job_id, r.plan_time, r.backend_pid,
+           (SELECT a.application_name FROM pg_catalog.pg_stat_activity a WHERE a.pid = r.backend_pid),
+           s.consecutive_crashes, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, j.initial_start,
+           j.timezone, extract(epoch FROM j.retry_period)::float8
+      FROM pgsched.job_run r
+      JOIN pgsched.job j ON j.job_id = r.job_id
+      JOIN pgsched.job_stat s ON s.job_id = r.job_id
+      LEFT JOIN pgsched.instance i ON i.instance_id = r.instance_id
+      LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
+     WHERE r.outcome = 'running'
+       AND CASE
+             WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
+                 NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = r.backend_pid)
+             WHEN r.instance_id = self_id THEN false
+             -- A scheduler's connection closes when its process dies, so a vanished
+             -- backend is the fast signal; the heartbeat covers a hung or partitioned one.
+             ELSE i.instance_id IS NULL OR i.stopped_at IS NOT NULL OR i.heartbeat_at < now() - dead_after
+                  OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = i.backend_pid)
+           END
+$$;
+
+-- Of the given runs, those that no longer exist (their job was deleted).
+CREATE OR REPLACE FUNCTION pgsched._missing_runs(run_ids bigint[])
+RETURNS SETOF bigint LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT id FROM unnest(run_ids) AS id
+     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run r WHERE r.run_id = id AND r.outcome = 'running')
+$$;
+
+-- Disable a job the scheduler cannot run (bad schedule or a proc that no longer
+-- exists), with the reason shown in job_stats, instead of failing it forever.
+CREATE OR REPLACE FUNCTION pgsched._disable_job(job_id integer, reason text)
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = _disable_job.job_id;
+    UPDATE pgsched.job_stat s SET disabled_reason = reason,
+           state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
+     WHERE s.job_id = _disable_job.job_id;
+$$;
