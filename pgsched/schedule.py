@@ -326,7 +326,9 @@ def backoff_delay(
 
     ``retry_period * 2**(failures-1)`` capped at ``cap`` (default: 5 periods of the schedule,
     months as 30 days; for cron the gap between two firings after a fixed reference), times
-    a jitter factor drawn once from ``rng.uniform(0.9, 1.1)``, capped again, at least 1 s.
+    a jitter factor drawn once from ``rng.uniform(0.9, 1.1)``, capped again. The floor is
+    1 s, or the retry_period itself when the user asked for less: it only guards against a
+    zero delay turning a failing job into a hot loop.
     """
     if failures < 1:
         raise ValueError(f"failures must be >= 1, got {failures}")
@@ -336,7 +338,8 @@ def backoff_delay(
     # Beyond 2**64 the cap wins anyway; stopping there keeps huge counts cheap.
     base_us = min((retry_period // _MICRO) << min(failures - 1, 64), cap_us)
     jittered = min(round(base_us * rng.uniform(0.9, 1.1)), cap_us)
-    return max(_MICRO * jittered, _MIN_DELAY)
+    floor = min(_MIN_DELAY, retry_period * 0.9) if retry_period > timedelta(0) else _MIN_DELAY
+    return max(_MICRO * jittered, floor)
 
 
 def next_after_failure(

@@ -36,6 +36,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                now(), worker_pids[d.n], backend_pids[d.n], instance_id,
                nextval('pgsched.lease_token_seq'), now()
           FROM due d
+         ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
         RETURNING r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
     ), started AS (

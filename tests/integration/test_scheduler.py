@@ -1,0 +1,184 @@
+"""The scheduler loop against a real database, in process and bounded by run(until=...)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgsched.scheduler import Scheduler, Settings
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def serve(dsn: str, until: Callable[[], bool], timeout: float = 20.0, **settings: Any) -> None:
+    """Run a scheduler until `until()` holds (checked each wake) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    opts: dict[str, Any] = {"max_workers": 4, "crash_wait": 1.0, "safety_interval": 0.2, **settings}
+    Scheduler(Settings(dsn=dsn, **opts)).run(until=lambda: until() or time.monotonic() > deadline)
+
+
+def one(conn: Conn, query: str, *args: Any) -> Any:
+    row = conn.execute(query, args).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def runs_of(conn: Conn, job_id: int, outcome: str | None = None) -> int:
+    if outcome is None:
+        return int(one(conn, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome <> 'skipped'",
+                       job_id))
+    return int(one(conn, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = %s", job_id, outcome))
+
+
+@pytest.fixture
+def jobs(conn: Conn) -> Conn:
+    conn.execute("CREATE TABLE hits (job_id int, at timestamptz DEFAULT clock_timestamp())")
+    conn.execute("""CREATE PROCEDURE public.hit(job_id int, config jsonb) LANGUAGE sql
+                    AS $$ INSERT INTO hits (job_id) VALUES (job_id) $$""")
+    conn.execute("""CREATE FUNCTION public.fail(job_id int, config jsonb) RETURNS void LANGUAGE plpgsql
+                    AS $$ BEGIN RAISE EXCEPTION 'fail %', job_id USING ERRCODE = '22012'; END $$""")
+    conn.execute("""CREATE PROCEDURE public.nap(job_id int, config jsonb) LANGUAGE plpgsql
+                    AS $$ BEGIN PERFORM pg_sleep((config->>'s')::float8);
+                          INSERT INTO hits (job_id) VALUES (job_id); END $$""")
+    return conn
+
+
+def test_next_start_fixed_drifting_and_cron(db: str, jobs: Conn) -> None:
+    fixed = one(jobs, "SELECT add_job('hit', '2 seconds', initial_start => date_trunc('second', now()) "
+                      "+ interval '1 second')")
+    drifting = one(jobs, "SELECT add_job('hit', '2 seconds', fixed_schedule => false)")
+    cron = one(jobs, "SELECT schedule('every-2s', '*/2 * * * * *', 'INSERT INTO hits VALUES (-1)')")
+    serve(db, lambda: all(runs_of(jobs, j, "success") >= 2 for j in (fixed, drifting, cron)))
+    origin = one(jobs, "SELECT initial_start FROM pgsched.jobs WHERE job_id = %s", fixed)
+    nxt, last_finish = jobs.execute(
+        "SELECT next_start, last_finish FROM job_stats WHERE job_id = %s", (fixed,)).fetchone() or (None, None)
+    # Aligned on the origin, and the first slot after the last finish.
+    assert (nxt - origin) % timedelta(seconds=2) == timedelta(0)
+    assert timedelta(0) < nxt - last_finish <= timedelta(seconds=2)
+    nxt, last_finish = jobs.execute(
+        "SELECT next_start, last_finish FROM job_stats WHERE job_id = %s", (drifting,)).fetchone() or (None, None)
+    assert nxt == last_finish + timedelta(seconds=2)
+    nxt = one(jobs, "SELECT next_start FROM job_stats WHERE job_id = %s", cron)
+    assert nxt.microsecond == 0 and nxt.second % 2 == 0
+    plans = [r[0] for r in jobs.execute(
+        "SELECT plan_time FROM job_history WHERE job_id = %s ORDER BY run_id", (cron,))]
+    assert all(p.second % 2 == 0 and p.microsecond == 0 for p in plans)
+    stats = jobs.execute("SELECT total_runs, total_successes, total_failures, total_crashes, consecutive_crashes, "
+                         "state, last_run_success FROM job_stats WHERE job_id = %s", (drifting,)).fetchone()
+    assert stats is not None
+    runs = runs_of(jobs, drifting)
+    assert stats == (runs, runs, 0, 0, 0, "scheduled", True)
+
+
+def test_failure_backoff_max_retries_disable_and_reenable(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('fail', '1 hour', retry_period => '200 milliseconds', max_retries => 2)")
+    serve(db, lambda: one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", j) == "disabled")
+    rows = jobs.execute("SELECT started_at, finished_at, outcome, sqlstate, message FROM job_history "
+                        "WHERE job_id = %s ORDER BY run_id", (j,)).fetchall()
+    assert [r[2] for r in rows] == ["failure"] * 3
+    assert all(r[3] == "22012" and r[4] == f"fail {j}" for r in rows)
+    # Backoff: 200 ms then 400 ms (each within the +-10 % jitter, plus scheduling slack).
+    gaps = [(rows[i + 1][0] - rows[i][1]).total_seconds() for i in range(2)]
+    assert 0.18 <= gaps[0] <= 0.35 and 0.36 <= gaps[1] <= 0.6, gaps
+    st = jobs.execute("SELECT total_failures, consecutive_failures, disabled_reason, total_crashes "
+                      "FROM job_stats WHERE job_id = %s", (j,)).fetchone()
+    assert st is not None and st[0] == 3 and st[1] == 3 and st[3] == 0
+    assert "max_retries = 2" in st[2] and f"fail {j}" in st[2]
+    assert one(jobs, "SELECT scheduled FROM pgsched.jobs WHERE job_id = %s", j) is False
+
+    jobs.execute("SELECT alter_job(%s, scheduled => true, next_start => now())", (j,))
+    st = jobs.execute("SELECT state, consecutive_failures, disabled_reason FROM job_stats WHERE job_id = %s",
+                      (j,)).fetchone()
+    assert st == ("scheduled", 0, None)
+    serve(db, lambda: runs_of(jobs, j) >= 4)
+    assert runs_of(jobs, j, "failure") == 4
+
+
+def test_missing_proc_disables_job_and_others_keep_running(db: str, jobs: Conn) -> None:
+    jobs.execute("CREATE FUNCTION public.doomed(job_id int, config jsonb) RETURNS void LANGUAGE sql AS 'SELECT 1'")
+    doomed = one(jobs, "SELECT add_job('doomed', '1 second')")
+    ok = one(jobs, "SELECT add_job('hit', '300 milliseconds')")
+    jobs.execute("DROP FUNCTION public.doomed")
+    serve(db, lambda: runs_of(jobs, ok, "success") >= 3 and runs_of(jobs, doomed) >= 1)
+    st = jobs.execute("SELECT state, disabled_reason FROM job_stats WHERE job_id = %s", (doomed,)).fetchone()
+    assert st is not None and st[0] == "disabled" and "does not exist" in st[1]
+    assert runs_of(jobs, doomed) == 1 and runs_of(jobs, doomed, "failure") == 1
+    assert runs_of(jobs, ok, "failure") == 0
+
+
+def test_garbage_schedule_in_catalog_disables_only_that_job(db: str, jobs: Conn) -> None:
+    bad = one(jobs, "SELECT add_job('hit', '1 second')")
+    ok = one(jobs, "SELECT add_job('hit', '300 milliseconds')")
+    jobs.execute("UPDATE pgsched.job SET schedule = '99 99 * * *', schedule_interval = NULL WHERE job_id = %s",
+                 (bad,))
+    jobs.execute("UPDATE pgsched.job_stat SET next_start = NULL WHERE job_id = %s", (bad,))
+    serve(db, lambda: runs_of(jobs, ok, "success") >= 3)
+    st = jobs.execute("SELECT state, disabled_reason FROM job_stats WHERE job_id = %s", (bad,)).fetchone()
+    assert st is not None and st[0] == "disabled" and "invalid schedule" in st[1]
+    assert runs_of(jobs, bad) == 0
+
+
+def test_max_workers_caps_concurrency_and_most_overdue_starts_first(db: str, jobs: Conn) -> None:
+    ids = [one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 0.3}')") for _ in range(6)]
+    # Overdue by 60, 50, ... 10 seconds, in reverse id order.
+    for k, j in enumerate(reversed(ids)):
+        jobs.execute("SELECT alter_job(%s, next_start => now() - make_interval(secs => %s))", (j, 60 - 10 * k))
+    serve(db, lambda: all(runs_of(jobs, j, "success") >= 1 for j in ids), max_workers=2)
+    rows = jobs.execute("SELECT job_id, started_at, finished_at FROM job_history ORDER BY run_id"
+                        ).fetchall()
+    assert [r[0] for r in rows][:6] == list(reversed(ids))
+    events = sorted([(r[1], 1) for r in rows] + [(r[2], -1) for r in rows], key=lambda e: (e[0], e[1]))
+    running = peak = 0
+    for _, d in events:
+        running += d
+        peak = max(peak, running)
+    assert peak == 2
+    assert one(jobs, "SELECT sum(total_failures) FROM job_stats") == 0
+
+
+def test_deleting_a_running_job_cancels_its_run(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 30}')")
+    deleted_at: list[float] = []
+
+    def delete_when_running() -> bool:
+        if not deleted_at and one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", j) == "starting":
+            backend = one(jobs, "SELECT backend_pid FROM job_history WHERE job_id = %s", j)
+            jobs.execute("SELECT delete_job(%s)", (j,))
+            deleted_at.append(time.monotonic())
+            deleted_at.append(float(backend))
+        if deleted_at:
+            gone = one(jobs, "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s "
+                             "AND query LIKE '%%pg_sleep%%')", int(deleted_at[1]))
+            return bool(gone)
+        return False
+
+    serve(db, delete_when_running)
+    assert deleted_at and time.monotonic() - deleted_at[0] < 5
+    assert one(jobs, "SELECT count(*) FROM pgsched.job_run") == 0
+
+
+def test_notify_wakes_the_scheduler_for_a_new_job(db: str, jobs: Conn) -> None:
+    # A job far in the future keeps the scheduler asleep; a new job must wake it at once.
+    one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 hour')")
+    added: list[float] = []
+
+    def add_later() -> None:
+        time.sleep(0.5)
+        with psycopg.connect(db, autocommit=True) as c:
+            c.execute("SELECT add_job('hit', '1 hour')")
+        added.append(time.monotonic())
+
+    t = threading.Thread(target=add_later)
+    t.start()
+    serve(db, lambda: one(jobs, "SELECT count(*) FROM hits") >= 1, safety_interval=30.0, timeout=10)
+    t.join()
+    assert added and time.monotonic() - added[0] < 1.0
+    lag = one(jobs, "SELECT started_at - (SELECT created_at FROM pgsched.job ORDER BY job_id DESC LIMIT 1) "
+                    "FROM job_history")
+    assert lag < timedelta(milliseconds=100)

@@ -1,0 +1,122 @@
+"""State machine and end-of-run decisions: pure, with literal times."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pgsched.model import Job
+from pgsched.schedule import Interval, Schedule, parse_cron, zone
+from pgsched.state import ALLOWED, IllegalTransition, JobState, Outcome, end_of_run, transition
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def job(schedule: Schedule, *, max_retries: int = -1, retry: timedelta = timedelta(minutes=5)) -> Job:
+    return Job(job_id=1000, job_name="j", kind="proc", owner="alice", proc_schema="public", proc_name="p",
+               is_procedure=True, command=None, code_module=None, code_function=None, config=None,
+               schedule=schedule, max_runtime=None, max_retries=max_retries, retry_period=retry)
+
+
+EVERY_HOUR = Schedule(interval=Interval(micros=3600 * 10**6), cron=None, fixed=True, origin=T0)
+DRIFT_HOUR = Schedule(interval=Interval(micros=3600 * 10**6), cron=None, fixed=False)
+
+
+@pytest.mark.parametrize(("src", "dst"), [(s, d) for s in JobState for d in ALLOWED[s]])
+def test_allowed_transitions(src: JobState, dst: JobState) -> None:
+    assert transition(1, src, dst, "test") is dst
+
+
+@pytest.mark.parametrize(("src", "dst"), [
+    (JobState.SCHEDULED, JobState.TERMINATING),
+    (JobState.SCHEDULED, JobState.SCHEDULED),
+    (JobState.DISABLED, JobState.STARTING),
+    (JobState.TERMINATING, JobState.STARTING),
+])
+def test_illegal_transitions(src: JobState, dst: JobState) -> None:
+    with pytest.raises(IllegalTransition, match=f"{src} -> {dst}"):
+        transition(1, src, dst, "test")
+
+
+def test_success_on_fixed_schedule_takes_next_slot_after_finish() -> None:
+    # Run planned at 12:00 finished at 14:30: 13:00 and 14:00 were missed, next is 15:00.
+    end = end_of_run(job(EVERY_HOUR), outcome=Outcome.SUCCESS, plan_time=T0, finish=T0 + timedelta(hours=2.5),
+                     consecutive_failures=0, consecutive_crashes=0, message=None, rng=random.Random(1))
+    assert end.next_start == T0 + timedelta(hours=3)
+    assert end.next_state is JobState.SCHEDULED and end.disable_reason is None
+
+
+def test_success_on_drifting_schedule_counts_from_finish() -> None:
+    finish = T0 + timedelta(minutes=7)
+    end = end_of_run(job(DRIFT_HOUR), outcome=Outcome.SUCCESS, plan_time=T0, finish=finish,
+                     consecutive_failures=3, consecutive_crashes=0, message=None, rng=random.Random(1))
+    assert end.next_start == finish + timedelta(hours=1)
+
+
+def test_success_on_cron_schedule() -> None:
+    s = Schedule(interval=None, cron=parse_cron("0 30 9 * * *"), tz=zone("Europe/Berlin"))
+    end = end_of_run(job(s), outcome=Outcome.SUCCESS, plan_time=T0, finish=T0,
+                     consecutive_failures=0, consecutive_crashes=0, message=None, rng=random.Random(1))
+    assert end.next_start == datetime(2026, 6, 2, 7, 30, tzinfo=UTC)  # 09:30 CEST
+
+
+def test_failure_backoff_doubles_within_jitter_and_is_capped() -> None:
+    retry = timedelta(minutes=1)
+    j = job(DRIFT_HOUR, retry=retry)
+    delays = []
+    for failures_before in range(10):
+        end = end_of_run(j, outcome=Outcome.FAILURE, plan_time=T0, finish=T0, consecutive_failures=failures_before,
+                         consecutive_crashes=0, message="x", rng=random.Random(failures_before))
+        delays.append(end.next_start - T0)
+    for n, d in enumerate(delays[:6]):
+        base = retry * 2**n
+        assert base * 0.9 <= d <= base * 1.1, (n, d)
+    # Capped at 5 schedule intervals (5 h) whatever the count.
+    assert all(d <= timedelta(hours=5) for d in delays)
+    assert delays[9] >= timedelta(hours=5) * 0.9  # 2**9 minutes would be 8.5 h
+
+
+def test_failure_never_waits_past_next_fixed_slot() -> None:
+    j = job(EVERY_HOUR, retry=timedelta(minutes=50))
+    finish = T0 + timedelta(minutes=30)
+    end = end_of_run(j, outcome=Outcome.FAILURE, plan_time=T0, finish=finish, consecutive_failures=4,
+                     consecutive_crashes=0, message="x", rng=random.Random(0))
+    assert end.next_start == T0 + timedelta(hours=1)
+
+
+@pytest.mark.parametrize(("max_retries", "failures_before", "disabled"), [
+    (-1, 1000, False), (0, 0, True), (2, 1, False), (2, 2, True), (3, 2, False),
+])
+def test_max_retries_disables(max_retries: int, failures_before: int, disabled: bool) -> None:
+    end = end_of_run(job(DRIFT_HOUR, max_retries=max_retries), outcome=Outcome.FAILURE, plan_time=T0, finish=T0,
+                     consecutive_failures=failures_before, consecutive_crashes=0, message="boom",
+                     rng=random.Random(0))
+    assert (end.next_state is JobState.DISABLED) is disabled
+    if disabled:
+        assert end.disable_reason is not None
+        assert f"max_retries = {max_retries}" in end.disable_reason and "boom" in end.disable_reason
+
+
+def test_timeout_counts_as_failure_for_retries() -> None:
+    end = end_of_run(job(DRIFT_HOUR, max_retries=0), outcome=Outcome.TIMEOUT, plan_time=T0, finish=T0,
+                     consecutive_failures=0, consecutive_crashes=0, message=None, rng=random.Random(0))
+    assert end.next_state is JobState.DISABLED
+
+
+def test_crash_backs_off_on_crash_count() -> None:
+    retry = timedelta(minutes=1)
+    got = [end_of_run(job(DRIFT_HOUR, retry=retry), outcome=Outcome.CRASH, plan_time=T0, finish=T0,
+                      consecutive_failures=0, consecutive_crashes=c, message=None,
+                      rng=random.Random(7)).next_start - T0 for c in range(4)]
+    for c, d in enumerate(got):
+        assert retry * 2**c * 0.9 <= d <= retry * 2**c * 1.1
+
+
+def test_cancelled_run_is_not_a_failure() -> None:
+    end = end_of_run(job(EVERY_HOUR, max_retries=0), outcome=Outcome.CANCELLED, plan_time=T0,
+                     finish=T0 + timedelta(minutes=1), consecutive_failures=0, consecutive_crashes=0,
+                     message=None, rng=random.Random(0))
+    assert end.next_state is JobState.SCHEDULED
+    assert end.next_start == T0 + timedelta(hours=1)
