@@ -69,6 +69,9 @@ class Scheduler:
         self.reloader: Callable[[], Settings] | None = None
         self.standby = False
         self.started_mono = time.monotonic()
+        self.runs_started = 0
+        self.runs_ended = 0
+        self._statements_done = 0  # by connections already closed
         self._safety_at = 0.0
         self._heartbeat_at = 0.0
         self._reconnect_at = 0.0
@@ -176,10 +179,12 @@ class Scheduler:
         idle = [w for w in self.workers.values() if w.idle]
         if not idle:
             return
-        claimed = self.store.claim(self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle])
+        claimed, next_due = self.store.claim(self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle])
         crashpoint("after_mark_start")
-        if len(claimed) < len(idle):
-            self.dirty = True  # nothing more is due now: learn when the next one is
+        if claimed:
+            self.next_due = next_due
+        else:
+            self.dirty = True  # what looked due was taken or moved: ask when the next one is
         for c in claimed:
             worker = self.workers.get(c.worker_pid or -1)
             if c.run is None or worker is None:
@@ -202,6 +207,7 @@ class Scheduler:
             run.deadline = run.started_at + job.max_runtime
         worker.run = run
         self.runs[run.run_id] = run
+        self.runs_started += 1
         lag = (run.started_at - run.plan_time).total_seconds()
         log.info("run start job=%s name=%r run=%s plan=%s lag=%.3fs worker=%s", job.job_id, job.job_name,
                  run.run_id, run.plan_time.isoformat(), lag, worker.pid)
@@ -305,6 +311,7 @@ class Scheduler:
     # -- ends of runs -------------------------------------------------------------------
     def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None) -> None:
         self.runs.pop(run.run_id, None)
+        self.runs_ended += 1
         finish = self.clock.now()
         job = run.job
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
@@ -457,6 +464,7 @@ class Scheduler:
     def _lost_connection(self, e: Exception) -> None:
         log.warning("lost the database connection: %s", _first_line(e))
         if self.store is not None:
+            self._statements_done += self.store.statements
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(self.store.conn)
             with contextlib.suppress(Exception):
@@ -532,9 +540,13 @@ class Scheduler:
             with contextlib.suppress(psycopg.Error):
                 if self.instance_id is not None:
                     self.store.stop_instance(self.instance_id)
+            self._statements_done += self.store.statements
             self.store.close()
         self._selector.close()
-        log.info("scheduler stopped")
+        # Each scheduler statement is its own transaction (autocommit).
+        per_run = self._statements_done / self.runs_ended if self.runs_ended else 0.0
+        log.info("scheduler stopped: runs_started=%d runs_ended=%d scheduler_transactions=%d per_run=%.2f",
+                 self.runs_started, self.runs_ended, self._statements_done, per_run)
 
 
 def _first_line(e: BaseException) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import select
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from pgsched import migrate, schedule
 from pgsched.clock import Clock
@@ -97,6 +98,13 @@ class Store:
         # Our own job_stat writes must not wake us (or our peers) through NOTIFY.
         self.conn.execute("SET pgsched.internal = on")
         self.conn.execute(f"LISTEN {CHANNEL}")
+        # Every call below is one autocommit statement, i.e. one transaction: counted
+        # so that the scheduler can report its transactions per run.
+        self.statements = 0
+
+    def _execute(self, query: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[dict[str, Any]]:
+        self.statements += 1
+        return self.conn.execute(query, params)  # type: ignore[arg-type]
 
     def close(self) -> None:
         if not self.conn.closed:
@@ -114,11 +122,11 @@ class Store:
         return migrate.check_version(self.conn)  # type: ignore[arg-type]
 
     def in_recovery(self) -> bool:
-        row = self.conn.execute("SELECT pg_is_in_recovery() AS r").fetchone()
+        row = self._execute("SELECT pg_is_in_recovery() AS r").fetchone()
         return bool(row and row["r"])
 
     def register_instance(self, host: str, pid: int, version: str, max_workers: int) -> int:
-        row = self.conn.execute(
+        row = self._execute(
             "SELECT * FROM pgsched._register_instance(%s, %s, %s, %s)", (host, pid, version, max_workers)
         ).fetchone()
         assert row is not None
@@ -126,14 +134,14 @@ class Store:
         return int(row["instance_id"])
 
     def heartbeat(self, instance_id: int, max_workers: int) -> None:
-        row = self.conn.execute(
+        row = self._execute(
             "SELECT pgsched._instance_heartbeat(%s, %s) AS t", (instance_id, max_workers)
         ).fetchone()
         if row and row["t"]:
             self.clock.anchor(row["t"])
 
     def stop_instance(self, instance_id: int) -> None:
-        self.conn.execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
+        self._execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
 
     # -- notifications -------------------------------------------------------------
     def drain_notifies(self) -> int:
@@ -149,7 +157,7 @@ class Store:
 
     # -- planning -------------------------------------------------------------
     def next_due(self) -> tuple[datetime | None, bool]:
-        row = self.conn.execute("SELECT * FROM pgsched._next_due()").fetchone()
+        row = self._execute("SELECT * FROM pgsched._next_due()").fetchone()
         assert row is not None
         self.clock.anchor(row["db_now"])
         return row["next_due"], bool(row["unplanned"])
@@ -157,7 +165,7 @@ class Store:
     def unplanned(self, limit: int = 1000) -> list[tuple[int, Schedule | None, str | None]]:
         """Jobs without next_start: (job_id, schedule or None, problem)."""
         out: list[tuple[int, Schedule | None, str | None]] = []
-        for row in self.conn.execute("SELECT * FROM pgsched._unplanned(%s)", (limit,)):
+        for row in self._execute("SELECT * FROM pgsched._unplanned(%s)", (limit,)):
             try:
                 out.append((row["job_id"], schedule_from_row(row), None))
             except (schedule.ScheduleError, ValueError) as e:
@@ -166,16 +174,20 @@ class Store:
 
     def plan(self, starts: Sequence[tuple[int, datetime]]) -> None:
         if starts:
-            self.conn.execute(
+            self._execute(
                 "SELECT pgsched._plan(%s, %s)", ([j for j, _ in starts], [t for _, t in starts])
             )
 
     # -- runs -------------------------------------------------------------
-    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]]) -> list[Claimed]:
-        """Mark the start of up to len(workers) due runs; worker i gets the i-th run."""
+    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]]) -> tuple[list[Claimed], datetime | None]:
+        """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
+
+        Also returns when the next unclaimed job is due (None when nothing was claimed:
+        the caller must ask next_due()).
+        """
         if not workers:
-            return []
-        rows = self.conn.execute(
+            return [], None
+        rows = self._execute(
             "SELECT * FROM pgsched._claim(%s, %s, %s)",
             (instance_id, [w for w, _ in workers], [b for _, b in workers]),
         ).fetchall()
@@ -194,36 +206,31 @@ class Store:
                 lease_token=row["lease_token"], worker_pid=row["worker_pid"], backend_pid=row["backend_pid"],
             )
             out.append(Claimed(run, run.run_id, job.job_id, row["worker_pid"]))
-        return out
+        return out, (rows[0]["next_due"] if rows else None)
 
-    def finish(self, finishes: Iterable[Finish]) -> list[bool]:
-        """Close runs in one transaction; per run, whether it was still open."""
-        results = []
-        with self.conn.transaction():
-            for f in finishes:
-                row = self.conn.execute(
-                    "SELECT pgsched._mark_end(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb) AS ok",
-                    (f.run_id, f.outcome, f.sqlstate, f.message, f.next_start, f.finished_at,
-                     f.disable_reason, f.rows_affected,
-                     None if f.result is None else psycopg.types.json.Jsonb(f.result)),
-                ).fetchone()
-                ok = bool(row and row["ok"])
-                if ok and f.skipped[0] > 0:
-                    self.conn.execute(
-                        "SELECT pgsched._record_skipped(%s, %s, %s, %s)", (f.run_id, *f.skipped)
-                    )
-                results.append(ok)
-        return results
+    def finish(self, finishes: Sequence[Finish]) -> list[bool]:
+        """Close runs in one statement (one transaction); per run, whether it was still open."""
+        if not finishes:
+            return []
+        payload = [{
+            "run_id": f.run_id, "outcome": str(f.outcome), "sqlstate": f.sqlstate, "message": f.message,
+            "next_start": _iso(f.next_start), "finished_at": _iso(f.finished_at),
+            "disable_reason": f.disable_reason, "rows_affected": f.rows_affected, "result": f.result,
+            "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
+        } for f in finishes]
+        rows = self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),)).fetchall()
+        closed = {int(r["id"]) for r in rows}
+        return [f.run_id in closed for f in finishes]
 
     def disable(self, job_id: int, reason: str) -> None:
-        self.conn.execute("SELECT pgsched._disable_job(%s, %s)", (job_id, reason))
+        self._execute("SELECT pgsched._disable_job(%s, %s)", (job_id, reason))
 
     def set_terminating(self, run_id: int) -> None:
-        self.conn.execute("SELECT pgsched._set_terminating(%s)", (run_id,))
+        self._execute("SELECT pgsched._set_terminating(%s)", (run_id,))
 
     def abandoned(self, instance_id: int, dead_after: timedelta) -> list[Abandoned]:
         out = []
-        for row in self.conn.execute("SELECT * FROM pgsched._abandoned_runs(%s, %s)", (instance_id, dead_after)):
+        for row in self._execute("SELECT * FROM pgsched._abandoned_runs(%s, %s)", (instance_id, dead_after)):
             sched: Schedule | None = None
             problem = None
             try:
@@ -241,12 +248,12 @@ class Store:
     def missing_runs(self, run_ids: Sequence[int]) -> set[int]:
         if not run_ids:
             return set()
-        rows = self.conn.execute("SELECT * FROM pgsched._missing_runs(%s) AS r", (list(run_ids),)).fetchall()
+        rows = self._execute("SELECT * FROM pgsched._missing_runs(%s) AS r", (list(run_ids),)).fetchall()
         return {int(r["r"]) for r in rows}
 
     def signal_backend(self, pid: int, *, terminate: bool) -> bool:
         fn = "pg_terminate_backend" if terminate else "pg_cancel_backend"
-        row = self.conn.execute(f"SELECT {fn}(%s) AS ok", (pid,)).fetchone()
+        row = self._execute(f"SELECT {fn}(%s) AS ok", (pid,)).fetchone()
         return bool(row and row["ok"])
 
 
@@ -261,3 +268,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
         max_runtime=None if max_runtime is None else timedelta(seconds=max_runtime),
         max_retries=row["max_retries"], retry_period=timedelta(seconds=row["retry_period_s"]),
     )
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()

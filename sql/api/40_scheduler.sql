@@ -17,7 +17,7 @@ RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at 
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
                initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
-               retry_period_s double precision)
+               retry_period_s double precision, next_due timestamptz)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH due AS (
@@ -58,7 +58,12 @@ SET search_path = pg_catalog, pg_temp AS $$
            j.job_name, j.kind, j.owner::text, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
            j.code_module, j.code_function, j.config, j.schedule, ip.months, ip.days, ip.micros,
            j.fixed_schedule, j.initial_start, j.timezone, extract(epoch FROM j.max_runtime)::float8,
-           j.max_retries, extract(epoch FROM j.retry_period)::float8
+           j.max_retries, extract(epoch FROM j.retry_period)::float8,
+           -- When the next job not claimed here is due, so the scheduler needs no
+           -- separate query to know how long to sleep (evaluated once, on the index).
+           (SELECT min(s2.next_start) FROM pgsched.job_stat s2
+             WHERE s2.state = 'scheduled' AND s2.next_start IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id))
       FROM runs r
       JOIN due d ON d.job_id = r.job_id
       JOIN pgsched.job j ON j.job_id = r.job_id
@@ -214,4 +219,29 @@ SET search_path = pg_catalog, pg_temp AS $$
     UPDATE pgsched.job_stat s SET disabled_reason = reason,
            state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
      WHERE s.job_id = _disable_job.job_id;
+$$;
+
+-- Close a batch of runs in one statement (one round trip): _mark_end for each,
+-- plus the skipped-slot record. Returns the ids of the runs it closed; a run
+-- already closed by someone else is left as it is.
+CREATE OR REPLACE FUNCTION pgsched._finish_runs(ends jsonb)
+RETURNS SETOF bigint LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    e jsonb;
+BEGIN
+    FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
+        IF pgsched._mark_end((e->>'run_id')::bigint, e->>'outcome', e->>'sqlstate', e->>'message',
+                             (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
+                             e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'))
+        THEN
+            IF coalesce((e->>'skipped')::integer, 0) > 0 THEN
+                PERFORM pgsched._record_skipped((e->>'run_id')::bigint, (e->>'skipped')::integer,
+                                                (e->>'skipped_first')::timestamptz,
+                                                (e->>'skipped_last')::timestamptz);
+            END IF;
+            RETURN NEXT (e->>'run_id')::bigint;
+        END IF;
+    END LOOP;
+END
 $$;
