@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
 
@@ -26,13 +27,20 @@ MIGRATION_LOCK_KEY = 7_401_295_310
 MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 
-def _source_dir(name: str) -> Path:
+def _find_source_dir(name: str) -> Path | None:
     """sql/ and plpython/ sit beside the package in a checkout, inside it in a wheel."""
     here = Path(__file__).resolve().parent
     for candidate in (here.parent / name, here / f"_{name}"):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(f"pgsched's {name}/ directory is missing from the installation")
+    return None
+
+
+def _source_dir(name: str) -> Path:
+    found = _find_source_dir(name)
+    if found is None:
+        raise FileNotFoundError(f"pgsched's {name}/ directory is missing from the installation")
+    return found
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
 
 def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
     """Make PL/Python usable if the server has it and we may create it; never fail init over it."""
-    if not want:
+    if not want or _find_source_dir("plpython") is None:
         return False
     cur.execute("SELECT 1 FROM pg_extension WHERE extname = 'plpython3u'")
     if cur.fetchone() is None:
@@ -120,7 +128,7 @@ def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
     cur.execute("SAVEPOINT probe")
     try:
         cur.execute(
-            "DO LANGUAGE plpython3u $$import pgsched.schedule$$"  # noqa: Q000
+            "DO LANGUAGE plpython3u $$import pgsched.schedule$$"
         )
     except psycopg.Error:
         cur.execute("ROLLBACK TO SAVEPOINT probe")
@@ -151,7 +159,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
         done = []
         for m in todo:
             if m.version not in applied:
-                cur.execute(sql.SQL(m.text))  # type: ignore[arg-type]
+                cur.execute(sql.SQL(m.text))
                 cur.execute(
                     "INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, %s, %s)",
                     (m.version, m.name, m.checksum),
@@ -159,7 +167,9 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
                 done.append(m.version)
         has_plpython = _try_plpython(cur, plpython)
         files = api_files(has_plpython)
-        digest = hashlib.sha256()
+        # The mode is part of the checksum: switching PL/Python on or off re-applies the API
+        # (and records the new mode) even when no file changed.
+        digest = hashlib.sha256(b"plpython=%d\0" % has_plpython)
         for f in files:
             digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
         checksum = digest.hexdigest()
@@ -168,7 +178,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
         reapply = row is None or row[0] != checksum or bool(done)
         if reapply:
             for f in files:
-                cur.execute(sql.SQL(f.read_text()))  # type: ignore[arg-type]
+                cur.execute(sql.SQL(f.read_text()))
             cur.execute(
                 """INSERT INTO pgsched.api_state (checksum, plpython) VALUES (%s, %s)
                    ON CONFLICT (singleton) DO UPDATE
@@ -180,7 +190,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
 
 def check_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     """The schema version if it matches this code; SchemaVersionMismatch otherwise."""
-    with conn.cursor() as cur:
+    with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute("SELECT to_regclass('pgsched.migration') IS NOT NULL")
         row = cur.fetchone()
         if not row or not row[0]:
@@ -191,5 +201,6 @@ def check_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
     want = code_version()
     if have != want:
         hint = "run `pgsched init` to upgrade it" if have < want else "upgrade pgsched"
-        raise SchemaVersionMismatch(f"the database's pgsched schema is version {have}, this pgsched needs {want}: {hint}")
+        raise SchemaVersionMismatch(
+            f"the database's pgsched schema is version {have}, this pgsched needs {want}: {hint}")
     return have

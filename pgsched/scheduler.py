@@ -70,6 +70,7 @@ class Scheduler:
         self.standby = False
         self.started_mono = time.monotonic()
         self.runs_started = 0
+        self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed
         self._safety_at = 0.0
@@ -77,6 +78,7 @@ class Scheduler:
         self._reconnect_at = 0.0
         self._reconnect_delay = 0.2
         self._selector = selectors.DefaultSelector()
+        self._db_fd = -1  # the store's socket as registered in the selector
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -253,6 +255,10 @@ class Scheduler:
             worker.ready = True
             worker.backend_pid = int(str(ev["backend_pid"]))
             self.dirty = self.dirty or self.next_due is not None
+            if not self._announced_ready and all(w.ready for w in self.workers.values()):
+                self._announced_ready = True
+                log.info("ready: %d workers connected, %.2fs after start", len(self.workers),
+                         time.monotonic() - self.started_mono)
         elif kind == "done":
             run = worker.run
             if run is None or run.run_id != ev.get("run_id"):
@@ -422,7 +428,10 @@ class Scheduler:
         try:
             store.check_version()
             self.store = store
-            self._selector.register(store.conn, selectors.EVENT_READ, "db")
+            # Registered by number: once libpq drops a lost connection, conn.fileno() raises,
+            # so _lost_connection could not name the socket any other way.
+            self._db_fd = store.fileno()
+            self._selector.register(self._db_fd, selectors.EVENT_READ, "db")
             self._reconnect_delay = 0.2
             if store.in_recovery():
                 if not self.standby:
@@ -466,7 +475,8 @@ class Scheduler:
         if self.store is not None:
             self._statements_done += self.store.statements
             with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(self.store.conn)
+                self._selector.unregister(self._db_fd)
+            self._db_fd = -1
             with contextlib.suppress(Exception):
                 self.store.close()
         self.store = None

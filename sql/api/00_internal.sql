@@ -196,6 +196,10 @@ CREATE OR REPLACE FUNCTION pgsched._first_start(schedule text, iv interval, fixe
                                                 at timestamptz DEFAULT now())
 RETURNS timestamptz LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    parts record;
+    step numeric;
+    k numeric;
 BEGIN
     IF iv IS NULL THEN
         RETURN NULL;
@@ -204,7 +208,16 @@ BEGIN
     ELSIF initial_start >= at OR NOT fixed_schedule THEN
         RETURN greatest(initial_start, at);
     END IF;
-    RETURN NULL;
+    -- Fixed schedule, origin in the past: the first slot origin + k*iv at or after `at`.
+    -- Plain SQL gets it exactly where a slot is elapsed time: no months, and days only
+    -- in UTC (no DST); the rest is left to the shared Python code (PL/Python or scheduler).
+    parts := pgsched._interval_parts(iv);
+    IF parts.months <> 0 OR (parts.days <> 0 AND coalesce(timezone, 'UTC') NOT IN ('UTC', 'Etc/UTC')) THEN
+        RETURN NULL;
+    END IF;
+    step := parts.days::numeric * 86400000000 + parts.micros;
+    k := ceil(extract(epoch FROM at - initial_start) * 1000000 / step);
+    RETURN initial_start + (k * step)::float8 * interval '1 microsecond';
 END
 $$;
 

@@ -64,7 +64,8 @@ BEGIN
     IF kind = 'proc' THEN
         SELECT c.proc_schema, c.proc_name INTO t_schema, t_name FROM pgsched._check_proc(proc, 'proc') c;
     ELSIF command IS NULL OR btrim(command) = '' THEN
-        PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text');
+        PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text',
+                                 CASE WHEN command IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     IF check_config IS NOT NULL THEN
         PERFORM pgsched._check_config(check_config, config);
@@ -236,7 +237,7 @@ BEGIN
                                      OR _alter_job.config_merge IS NOT NULL) THEN
         PERFORM pgsched._check_config(format('%I.%I', j.check_schema, j.check_name)::regproc, j.config);
     END IF;
-    IF j.job_name IS DISTINCT FROM (SELECT job_name FROM pgsched.job WHERE job.job_id = j.job_id)
+    IF j.job_name IS DISTINCT FROM (SELECT cur.job_name FROM pgsched.job cur WHERE cur.job_id = j.job_id)
        AND EXISTS (SELECT 1 FROM pgsched.job o WHERE o.owner = j.owner AND o.job_name = j.job_name) THEN
         RAISE EXCEPTION USING ERRCODE = '42710',
             MESSAGE = format('invalid job_name: role %s already has a job named %L', j.owner, j.job_name),
@@ -330,7 +331,8 @@ BEGIN
                                    job_name, NULL, -1, interval '5 minutes', 'latest', false);
     END IF;
     IF command IS NULL OR btrim(command) = '' THEN
-        PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text');
+        PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text',
+                                 CASE WHEN command IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     iv := pgsched._check_settings(schedule, true, NULL, NULL, -1, interval '5 minutes', 'latest', job_name);
     UPDATE pgsched.job j
@@ -373,8 +375,12 @@ CREATE OR REPLACE FUNCTION pgsched.unschedule(job_id bigint)
 RETURNS boolean LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF job_id IS NULL OR job_id NOT BETWEEN 1 AND 2147483647 THEN
-        PERFORM pgsched._job_not_found(NULL);
+    IF job_id IS NULL THEN
+        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
+    ELSIF job_id NOT BETWEEN -2147483648 AND 2147483647 THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = format('job %s not found', job_id),
+            HINT = 'job_id must be the id of an existing job (see pgsched.jobs)';
     END IF;
     PERFORM pgsched.delete_job(job_id::integer);
     RETURN true;

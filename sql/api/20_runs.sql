@@ -120,6 +120,9 @@ DECLARE
     err_detail text;
     err_hint text;
 BEGIN
+    IF run_job.job_id IS NULL THEN
+        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
+    END IF;
     SELECT * INTO j FROM pgsched.job WHERE job.job_id = run_job.job_id;
     IF NOT FOUND THEN
         PERFORM pgsched._job_not_found(run_job.job_id);
@@ -155,9 +158,17 @@ BEGIN
     PERFORM pgsched._mark_end(rid, CASE WHEN err_state IS NULL THEN 'success' ELSE 'failure' END, err_state,
                               err_msg, NULL);
     COMMIT;
-    IF err_state IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = coalesce(err_detail, ''),
-                              HINT = coalesce(err_hint, '');
+    -- Re-raise the job's own error; RAISE cannot take a NULL option and an empty one
+    -- would still be shown, so only the parts the error had are passed on.
+    IF err_state IS NULL THEN
+        RETURN;
+    ELSIF nullif(err_detail, '') IS NULL AND nullif(err_hint, '') IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg;
+    ELSIF nullif(err_hint, '') IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail;
+    ELSIF nullif(err_detail, '') IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, HINT = err_hint;
     END IF;
+    RAISE EXCEPTION USING ERRCODE = err_state, MESSAGE = err_msg, DETAIL = err_detail, HINT = err_hint;
 END
 $$;

@@ -17,6 +17,24 @@ BEGIN
     IF to_regnamespace('public') IS NULL THEN
         RETURN;
     END IF;
+    -- A wrapper of ours whose pgsched function changed signature (or is gone) would stay
+    -- behind as an extra overload and make unqualified calls ambiguous: drop it.
+    FOR p IN
+        SELECT op.oid, op.prokind, op.proname, pg_catalog.pg_get_function_identity_arguments(op.oid) AS arg_ids
+          FROM pg_catalog.pg_proc op
+         WHERE op.pronamespace = 'public'::regnamespace AND op.proname = ANY (api_functions)
+           AND obj_description(op.oid, 'pg_proc') = marker
+           AND NOT EXISTS (
+               SELECT 1 FROM pg_catalog.pg_proc pp
+                WHERE pp.pronamespace = 'pgsched'::regnamespace AND pp.proname = op.proname
+                  AND pp.prokind = op.prokind AND pp.proargtypes = op.proargtypes
+                  AND pp.proargnames IS NOT DISTINCT FROM op.proargnames
+                  AND pg_catalog.pg_get_function_result(pp.oid)
+                      IS NOT DISTINCT FROM pg_catalog.pg_get_function_result(op.oid))
+    LOOP
+        EXECUTE format('DROP %s public.%I(%s)', CASE WHEN p.prokind = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
+                       p.proname, p.arg_ids);
+    END LOOP;
     FOR p IN
         SELECT pp.oid, pp.proname, pp.prokind, pp.proretset, pp.pronargs,
                pg_catalog.pg_get_function_arguments(pp.oid) AS arg_defs,

@@ -1,0 +1,274 @@
+"""Benchmarks for `pgsched serve` (issue 3's targets), each against its own fresh cluster.
+
+    ./dev bench scheduler lag         start lag, 1,000 jobs on staggered 10 s intervals
+    ./dev bench scheduler burst       1,000 jobs due at one instant, --max-workers 8
+    ./dev bench scheduler throughput  trivial jobs, runs/s, vs pgbench on the same SQL; transactions per run
+    ./dev bench scheduler idle        10,000 jobs none due for 60 s: scheduler CPU and queries/s
+    ./dev bench scheduler scale       100,000 jobs: time to ready and RSS
+    ./dev bench scheduler all
+
+The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
+The scheduler runs as a real subprocess; figures are printed as one JSON object per scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgsched import migrate
+from pgsched.embedded import Cluster
+
+PGSCHED = str(Path(sys.executable).parent / "pgsched")
+
+
+@contextmanager
+def cluster() -> Iterator[tuple[Cluster, str]]:
+    tmp = tempfile.mkdtemp(prefix="pgsched-bench-")
+    os.chmod(tmp, 0o755)
+    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100"})
+    c.initdb()
+    c.start()
+    c.wait_ready()
+    try:
+        dsn = c.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate.init(conn)
+            conn.execute("CREATE TABLE bench_start (job_id int, at timestamptz DEFAULT clock_timestamp())")
+            conn.execute("CREATE FUNCTION public.noop(job_id int, config jsonb) RETURNS void "
+                         "LANGUAGE sql AS 'SELECT NULL'")
+            conn.execute("CREATE FUNCTION public.mark(job_id int, config jsonb) RETURNS void LANGUAGE sql "
+                         "AS 'INSERT INTO bench_start (job_id) VALUES (job_id)'")
+        yield c, dsn
+    finally:
+        c.destroy()
+
+
+def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s: float, stagger_ms: float = 0) -> None:
+    """Insert n jobs directly (add_job per row would dominate the set-up time).
+
+    The first is due delay_s after now (on a whole second), each next one stagger_ms later.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO pgsched.job (job_name, kind, proc_schema, proc_name, schedule, schedule_interval,
+                                        fixed_schedule, initial_start)
+               SELECT 'bench ' || g, 'proc', 'public', %s, %s, %s::interval, %s,
+                      date_trunc('second', now()) + make_interval(secs => %s + (g - 1) * %s / 1000.0)
+                 FROM generate_series(1, %s) g""",
+            (proc, interval, interval, fixed, delay_s, stagger_ms, n),
+        )
+        conn.execute("UPDATE pgsched.job_stat s SET next_start = j.initial_start FROM pgsched.job j "
+                     "WHERE j.job_id = s.job_id")
+
+
+@contextmanager
+def serve(dsn: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    log = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".log")[1])
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([PGSCHED, "serve", "--dsn", dsn, "--log-format", "json", "--log-level", "info",
+                                 *args], stderr=f, stdout=subprocess.DEVNULL)
+    try:
+        yield proc, log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_for_log(log: Path, text: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if text in line:
+                rec: dict[str, Any] = json.loads(line)
+                return rec
+        time.sleep(0.02)
+    raise TimeoutError(f"no log line with {text!r} within {timeout}s")
+
+
+def final_stats(log: Path) -> dict[str, float]:
+    rec = wait_for_log(log, "scheduler stopped", 30)
+    out = {}
+    for part in rec["msg"].split(": ", 1)[1].split():
+        k, v = part.split("=")
+        out[k] = float(v)
+    return out
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+    return [int(x) for x in out.split()]
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+def lag(seconds: float = 40.0) -> dict[str, Any]:
+    """1,000 jobs every 10 s, their starts spread evenly over the 10 s (one due every 10 ms)."""
+    with cluster() as (_, dsn):
+        add_jobs(dsn, 1000, "mark", "10 seconds", fixed=True, delay_s=3, stagger_ms=10)
+        with serve(dsn, "--max-workers", "8"):
+            time.sleep(seconds)
+        with psycopg.connect(dsn) as conn:
+            # The job records clock_timestamp() as it starts: the actual start. Its plan is the slot it belongs to.
+            rows = conn.execute(
+                """SELECT extract(epoch FROM b.at - (j.initial_start + floor(extract(epoch FROM b.at - j.initial_start)
+                                 / 10) * interval '10 seconds')) * 1000
+                     FROM bench_start b JOIN pgsched.job j ON j.job_id = b.job_id
+                    WHERE b.at > (SELECT min(at) FROM bench_start) + interval '10 seconds'""").fetchall()
+            claim = conn.execute("SELECT extract(epoch FROM started_at - plan_time) * 1000 FROM pgsched.job_run "
+                                 "WHERE outcome = 'success'").fetchall()
+    lags = [float(r[0]) for r in rows]
+    claims = [float(r[0]) for r in claim]
+    return {"scenario": "lag", "runs": len(lags), "p50_ms": round(pct(lags, 50), 2),
+            "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
+            "claim_p50_ms": round(pct(claims, 50), 2), "claim_p99_ms": round(pct(claims, 99), 2),
+            "target": "p50 <= 2 ms, p99 <= 10 ms"}
+
+
+def burst() -> dict[str, Any]:
+    with cluster() as (_, dsn):
+        add_jobs(dsn, 1000, "mark", "1 hour", fixed=True, delay_s=4)
+        with psycopg.connect(dsn) as conn:
+            due = conn.execute("SELECT min(initial_start) FROM pgsched.job").fetchone()
+        with serve(dsn, "--max-workers", "8"):
+            deadline = time.monotonic() + 30
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while time.monotonic() < deadline:
+                    row = conn.execute("SELECT count(DISTINCT job_id) FROM bench_start").fetchone()
+                    if row and row[0] >= 1000:
+                        break
+                    time.sleep(0.1)
+                row = conn.execute("SELECT count(DISTINCT job_id), extract(epoch FROM max(at) - %s), "
+                                   "extract(epoch FROM min(at) - %s) FROM bench_start", (due[0], due[0])
+                                   ).fetchone() if due else None
+    assert row is not None
+    return {"scenario": "burst", "started": row[0], "last_start_after_s": round(float(row[1]), 3),
+            "first_start_after_s": round(float(row[2]), 4), "target": "all 1000 started, the last within 2 s"}
+
+
+def pgbench_tps(c: Cluster, dsn: str, clients: int, seconds: int) -> float:
+    script = Path(tempfile.mkstemp(suffix=".sql")[1])
+    script.write_text("SELECT public.noop(1, NULL);\n")
+    os.chmod(script, 0o644)
+    cmd = [str(c.bindir / "pgbench"), "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "-f", str(script),
+           "-h", str(c.socket_dir), "-p", str(c.port), "-U", "postgres", "postgres"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("tps ="):
+            return float(line.split()[2])
+    raise RuntimeError(out)
+
+
+def throughput(seconds: float = 20.0, workers: int = 8) -> dict[str, Any]:
+    with cluster() as (c, dsn):
+        add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
+        with serve(dsn, "--max-workers", str(workers)) as (_, log):
+            wait_for_log(log, "ready:", 30)
+            time.sleep(2)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                def runs() -> int:
+                    r = conn.execute("SELECT count(*) FROM pgsched.job_run WHERE outcome = 'success'").fetchone()
+                    return int(r[0]) if r else 0
+                n0, t0 = runs(), time.monotonic()
+                time.sleep(seconds)
+                n1, t1 = runs(), time.monotonic()
+        stats = final_stats(log)
+        rate = (n1 - n0) / (t1 - t0)
+        bench = pgbench_tps(c, dsn, workers, 10)
+    return {"scenario": "throughput", "runs_per_s": round(rate, 1), "pgbench_tps_same_sql": round(bench, 1),
+            "ratio": round(rate / bench, 3), "scheduler_transactions_per_run": stats.get("per_run"),
+            "workers": workers, "target": ">= 1000 runs/s and >= 0.5 x pgbench; <= 2 scheduler transactions/run"}
+
+
+def idle(seconds: float = 60.0) -> dict[str, Any]:
+    with cluster() as (_, dsn):
+        add_jobs(dsn, 10_000, "noop", "1 hour", fixed=True, delay_s=3600)
+        with serve(dsn, "--max-workers", "8") as (proc, log):
+            wait_for_log(log, "ready:", 60)
+            time.sleep(3)
+            pids = [proc.pid, *children(proc.pid)]
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                def xacts() -> int:
+                    r = conn.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                                     "WHERE datname = current_database()").fetchone()
+                    return int(r[0]) if r else 0
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                x0, c0, t0 = xacts(), sum(cpu_seconds(p) for p in pids), time.monotonic()
+                time.sleep(seconds)
+                conn.execute("SELECT pg_stat_clear_snapshot()")
+                x1, c1, t1 = xacts(), sum(cpu_seconds(p) for p in pids), time.monotonic()
+        wall = t1 - t0
+        # Our own two measurement statements are in the count: take them out.
+        queries = max(0, x1 - x0 - 2)
+    return {"scenario": "idle", "jobs": 10_000, "seconds": round(wall, 1),
+            "scheduler_cpu_percent": round(100 * (c1 - c0) / wall, 3), "queries_per_s": round(queries / wall, 3),
+            "target": "CPU <= 0.5 %, <= 1 query/s"}
+
+
+def scale() -> dict[str, Any]:
+    with cluster() as (_, dsn):
+        add_jobs(dsn, 100_000, "noop", "1 hour", fixed=True, delay_s=3600)
+        t0 = time.monotonic()
+        with serve(dsn, "--max-workers", "8") as (proc, log):
+            rec = wait_for_log(log, "ready:", 60)
+            ready = time.monotonic() - t0
+            time.sleep(2)
+            sched_rss = rss_mb(proc.pid)
+            worker_rss = [rss_mb(p) for p in children(proc.pid)]
+        del rec
+    return {"scenario": "scale", "jobs": 100_000, "ready_s": round(ready, 2), "scheduler_rss_mb": round(sched_rss, 1),
+            "worker_rss_mb_each": round(statistics.mean(worker_rss), 1) if worker_rss else None,
+            "target": "ready <= 5 s, scheduler RSS <= 250 MB"}
+
+
+SCENARIOS = {"lag": lag, "burst": burst, "throughput": throughput, "idle": idle, "scale": scale}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    args = ap.parse_args()
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    for name in names:
+        result = SCENARIOS[name]()
+        print(json.dumps(result), flush=True)
+
+
+
+if __name__ == "__main__":
+    main()

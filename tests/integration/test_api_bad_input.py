@@ -1,0 +1,158 @@
+"""Every API entry point rejects bad input with a fitting SQLSTATE, a message naming the
+argument, and no write at all (the catalog tables are compared before and after)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from tests.integration.helpers import Conn, add_job, snapshot
+
+# The job every case may refer to as 1000 (ids start there), named 'existing', with a
+# check_config so that config changes are checked.
+EXISTING = """'ok_fn', '1 hour', config => '{}', check_config => 'check_ok', job_name => 'existing'"""
+
+
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    statement: str
+    sqlstate: str
+    names: str  # what the message must contain: the argument (or the offending name)
+
+
+CRON_CASES = [
+    ("61 * * * *", "minute"), ("* 24 * * *", "hour"), ("0 0 32 * *", "day-of-month"), ("0 0 * 13 *", "month"),
+    ("0 0 * * 8", "day-of-week"), ("60 * * * * *", "second"), ("0 0 0 1 1 * 1969", "year"),
+    ("5-1 * * * *", "reversed"), ("*/0 * * * *", "step 0"), ("1,,2 * * * *", "empty"),
+    ("*/5 * * * * junk", "schedule"), ("* * * *", "schedule"), ("* * * * * * * *", "schedule"),
+    ("*-5 * * * *", "schedule"), ("0 0 L-x * *", "schedule"),
+]
+
+CASES: list[Bad] = [
+    # add_job: proc and check_config
+    Bad("unknown proc", "SELECT add_job('no_such_fn', '5 minutes')", "42883", "no_such_fn"),
+    Bad("wrong proc arity", "SELECT add_job('wrong_sig', '5 minutes')", "42883", "proc"),
+    Bad("wrong proc types", "SELECT add_job('wrong_types', '5 minutes')", "42883", "proc"),
+    Bad("NULL proc", "SELECT pgsched.add_job(NULL, '5 minutes')", "22004", "proc"),
+    Bad("unknown check_config", "SELECT add_job('ok_fn', '5 minutes', check_config => 'nope_check')", "42883",
+        "nope_check"),
+    Bad("wrong check_config", "SELECT add_job('ok_fn', '5 minutes', check_config => 'check_wrong')", "42883",
+        "check_config"),
+    Bad("failing check_config", "SELECT add_job('ok_fn', '5 minutes', config => '{\"bad\": 1}', "
+        "check_config => 'check_ok')", "PC001", "config rejected by check_ok"),
+    Bad("failing check_config procedure", "SELECT add_job('ok_fn', '5 minutes', config => '{\"bad\": 1}', "
+        "check_config => 'check_proc')", "PC002", "config rejected by check_proc"),
+    # add_job: schedule
+    Bad("NULL schedule", "SELECT add_job('ok_fn', NULL)", "22004", "schedule"),
+    Bad("NULL schedule_interval", "SELECT add_job('ok_fn', NULL::interval)", "22004", "schedule_interval"),
+    Bad("NULL named schedule_interval", "SELECT add_job('ok_fn', schedule_interval => NULL)", "22004",
+        "schedule_interval"),
+    Bad("zero interval", "SELECT add_job('ok_fn', '0 minutes')", "22023", "schedule"),
+    Bad("zero interval typed", "SELECT add_job('ok_fn', interval '0')", "22023", "schedule_interval"),
+    Bad("negative interval", "SELECT add_job('ok_fn', '-5 minutes')", "22023", "schedule"),
+    Bad("negative interval typed", "SELECT add_job('ok_fn', interval '-1 hour')", "22023", "schedule_interval"),
+    Bad("partly negative interval", "SELECT add_job('ok_fn', '1 day -1 hour')", "22023", "schedule"),
+    Bad("not a schedule", "SELECT add_job('ok_fn', 'every tuesday')", "22023", "schedule"),
+    Bad("empty schedule", "SELECT add_job('ok_fn', '')", "22023", "schedule"),
+    Bad("mixed month day fixed", "SELECT add_job('ok_fn', '1 month 1 day')", "22023", "schedule"),
+    Bad("mixed month time fixed typed", "SELECT add_job('ok_fn', interval '1 month 2 hours')", "22023",
+        "schedule_interval"),
+    *[Bad(f"cron {expr!r}", f"SELECT add_job('ok_fn', '{expr}')", "22023", word) for expr, word in CRON_CASES],
+    # add_job: other settings
+    Bad("unknown timezone", "SELECT add_job('ok_fn', '5 minutes', timezone => 'Mars/Olympus')", "22023",
+        "timezone"),
+    Bad("negative max_runtime", "SELECT add_job('ok_fn', '5 minutes', max_runtime => '-1 minute')", "22023",
+        "max_runtime"),
+    Bad("zero max_runtime", "SELECT add_job('ok_fn', '5 minutes', max_runtime => '0')", "22023", "max_runtime"),
+    Bad("max_retries below -1", "SELECT add_job('ok_fn', '5 minutes', max_retries => -2)", "22023",
+        "max_retries"),
+    Bad("zero retry_period", "SELECT add_job('ok_fn', '5 minutes', retry_period => '0')", "22023",
+        "retry_period"),
+    Bad("bad catch_up", "SELECT add_job('ok_fn', '5 minutes', catch_up => 'sometimes')", "22023", "catch_up"),
+    Bad("NULL catch_up", "SELECT add_job('ok_fn', '5 minutes', catch_up => NULL)", "22023", "catch_up"),
+    Bad("NULL scheduled", "SELECT add_job('ok_fn', '5 minutes', scheduled => NULL)", "22004", "scheduled"),
+    Bad("NULL fixed_schedule", "SELECT add_job('ok_fn', '5 minutes', fixed_schedule => NULL)", "22004",
+        "fixed_schedule"),
+    Bad("empty job_name", "SELECT add_job('ok_fn', '5 minutes', job_name => ' ')", "22023", "job_name"),
+    Bad("duplicate job_name", "SELECT add_job('ok_fn', '5 minutes', job_name => 'existing')", "42710",
+        "job_name"),
+    # alter_job
+    Bad("alter missing job", "SELECT * FROM alter_job(999, max_retries => 1)", "42704", "999"),
+    Bad("alter NULL job", "SELECT * FROM alter_job(NULL, max_retries => 1)", "22004", "job_id"),
+    Bad("alter bad schedule", "SELECT * FROM alter_job(1000, schedule => '61 * * * *')", "22023", "schedule"),
+    Bad("alter zero interval", "SELECT * FROM alter_job(1000, interval '0')", "22023", "schedule"),
+    Bad("alter schedule and interval", "SELECT * FROM alter_job(1000, interval '1 hour', schedule => '1 day')",
+        "22023", "schedule"),
+    Bad("alter mixed interval", "SELECT * FROM alter_job(1000, schedule => '1 month 1 day')", "22023",
+        "schedule"),
+    Bad("alter fixed on mixed", "SELECT * FROM alter_job(1000, schedule => '1 month 1 day', "
+        "fixed_schedule => true)", "22023", "schedule"),
+    Bad("alter unknown timezone", "SELECT * FROM alter_job(1000, timezone => 'Nowhere/Land')", "22023",
+        "timezone"),
+    Bad("alter negative max_runtime", "SELECT * FROM alter_job(1000, max_runtime => '-1 second')", "22023",
+        "max_runtime"),
+    Bad("alter max_retries", "SELECT * FROM alter_job(1000, max_retries => -5)", "22023", "max_retries"),
+    Bad("alter retry_period", "SELECT * FROM alter_job(1000, retry_period => '-1 second')", "22023",
+        "retry_period"),
+    Bad("alter catch_up", "SELECT * FROM alter_job(1000, catch_up => 'never')", "22023", "catch_up"),
+    Bad("alter config_merge", "SELECT * FROM alter_job(1000, config_merge => '[1]')", "22023", "config_merge"),
+    Bad("alter failing check", "SELECT * FROM alter_job(1000, config => '{\"bad\": 1}')", "PC001",
+        "config rejected"),
+    Bad("alter failing check merge", "SELECT * FROM alter_job(1000, config_merge => '{\"bad\": 1}')", "PC001",
+        "config rejected"),
+    Bad("alter new failing check", "SELECT * FROM alter_job(1000, config => '{\"bad\": 1}', "
+        "check_config => 'check_proc')", "PC002", "config rejected"),
+    Bad("alter wrong check", "SELECT * FROM alter_job(1000, check_config => 'check_wrong')", "42883",
+        "check_config"),
+    Bad("alter empty job_name", "SELECT * FROM alter_job(1000, job_name => '')", "22023", "job_name"),
+    # delete_job, run_job, schedule, unschedule
+    Bad("delete missing job", "SELECT delete_job(999)", "42704", "999"),
+    Bad("delete NULL job", "SELECT delete_job(NULL)", "22004", "job_id"),
+    Bad("run missing job", "CALL pgsched.run_job(999)", "42704", "999"),
+    Bad("run missing job unqualified", "CALL run_job(999)", "42704", "999"),
+    Bad("run NULL job", "CALL pgsched.run_job(NULL)", "22004", "job_id"),
+    Bad("schedule bad cron", "SELECT schedule('n', '61 * * * *', 'SELECT 1')", "22023", "schedule"),
+    Bad("schedule NULL schedule", "SELECT schedule('n', NULL, 'SELECT 1')", "22004", "schedule"),
+    Bad("schedule NULL command", "SELECT schedule('n', '1 day', NULL)", "22004", "command"),
+    Bad("schedule empty command", "SELECT schedule('n', '1 day', ' ')", "22023", "command"),
+    Bad("schedule unnamed bad", "SELECT schedule('1 month 1 day', 'SELECT 1')", "22023", "schedule"),
+    Bad("schedule NULL name", "SELECT schedule(NULL, '1 day', 'SELECT 1')", "22004", "job_name"),
+    Bad("reschedule bad cron", "SELECT schedule('existing', '* * * * * * * *', 'SELECT 1')", "22023",
+        "schedule"),
+    Bad("reschedule NULL command", "SELECT schedule('existing', '1 day', NULL)", "22004", "command"),
+    Bad("unschedule missing name", "SELECT unschedule('nobody')", "42704", "nobody"),
+    Bad("unschedule missing id", "SELECT unschedule(999)", "42704", "999"),
+    Bad("unschedule huge id", "SELECT unschedule(99999999999)", "42704", "99999999999"),
+    Bad("unschedule NULL id", "SELECT unschedule(NULL::bigint)", "22004", "job_id"),
+]
+
+
+@pytest.fixture(scope="module")
+def existing(module_api: Conn) -> Conn:
+    assert add_job(module_api, EXISTING) == 1000
+    return module_api
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_rejected_and_writes_nothing(existing: Conn, case: Bad) -> None:
+    before = snapshot(existing)
+    with pytest.raises(psycopg.Error) as e:
+        existing.execute(case.statement)
+    diag = e.value.diag
+    assert (e.value.sqlstate, case.names in (diag.message_primary or "")) == (case.sqlstate, True), \
+        (diag.message_primary, diag.message_hint)
+    if e.value.sqlstate in ("22023", "22004"):
+        # our own argument errors also say what is accepted
+        assert diag.message_hint, diag.message_primary
+    assert snapshot(existing) == before
+
+
+@pytest.mark.parametrize("expr", ["*/5 * * * *", "0 */5 * * * *", "0 0 12 * * * 2099", "0 0 L * *",
+                                  "0 9 * * MON-FRI", "0 0 1 JAN,JUL *", "@daily", "0 0 * * 5L",
+                                  "0 0 * * 1#2", "15,45 8-18/2 * * *"])
+def test_good_cron_is_accepted(api: Conn, expr: str) -> None:
+    job_id = add_job(api, "'ok_fn', %s", (expr,))
+    assert job_id == 1000

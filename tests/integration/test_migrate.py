@@ -1,0 +1,197 @@
+"""pgsched init: migrations recorded with checksums, re-applied API, advisory lock, version checks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgsched import migrate
+from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
+from tests.integration.helpers import SETUP_SQL, Conn, rows, scalar
+
+
+@pytest.fixture
+def bare(empty_db: str) -> Iterator[Conn]:
+    """Autocommit connection to a database without pgsched."""
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        yield c
+
+
+def state(conn: Conn) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    return (conn.execute("SELECT * FROM pgsched.migration ORDER BY version").fetchall(),
+            conn.execute("SELECT * FROM pgsched.api_state").fetchall())
+
+
+def test_init_installs(bare: Conn) -> None:
+    result = migrate.init(bare)
+    n = len(migrate.migrations())
+    assert n >= 1
+    assert (result.applied, result.api_reapplied, result.version) == (list(range(1, n + 1)), True, n)
+    assert migrate.code_version() == n
+    assert [(r["version"], r["name"], r["checksum"]) for r in rows(
+        bare, "SELECT version, name, checksum FROM pgsched.migration ORDER BY version")] == \
+        [(m.version, m.name, m.checksum) for m in migrate.migrations()]
+    assert migrate.check_version(bare) == n
+    assert scalar(bare, "SELECT plpython FROM pgsched.api_state") is result.plpython
+    for view in ("jobs", "job_stats", "job_history"):
+        assert scalar(bare, "SELECT to_regclass(%s) IS NOT NULL", (f"public.{view}",)) is True
+
+
+def test_second_init_is_a_noop(bare: Conn) -> None:
+    first = migrate.init(bare)
+    before = state(bare)
+    again = migrate.init(bare)
+    assert (again.applied, again.api_reapplied, again.version, again.plpython) == \
+        ([], False, first.version, first.plpython)
+    assert state(bare) == before
+
+
+def test_concurrent_init_applies_once(bare: Conn, empty_db: str) -> None:
+    barrier = threading.Barrier(3)
+    results: list[migrate.InitResult] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with psycopg.connect(empty_db, autocommit=True) as c:
+                barrier.wait(timeout=10)
+                results.append(migrate.init(c))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    n = migrate.code_version()
+    assert sorted(len(r.applied) for r in results) == [0, 0, n]
+    assert sum(r.api_reapplied for r in results) == 1
+    assert scalar(bare, "SELECT count(*) FROM pgsched.migration") == n
+
+
+def test_newer_schema_is_refused(bare: Conn) -> None:
+    migrate.init(bare)
+    bare.execute("INSERT INTO pgsched.migration (version, name, checksum) VALUES (999, 'future', 'x')")
+    before = state(bare)
+    with pytest.raises(SchemaVersionMismatch) as e:
+        migrate.init(bare)
+    assert "999" in str(e.value) and "newer" in str(e.value) and "upgrade pgsched" in str(e.value)
+    assert state(bare) == before
+    with pytest.raises(SchemaVersionMismatch, match="999"):
+        migrate.check_version(bare)
+
+
+def test_edited_migration_is_refused(bare: Conn) -> None:
+    migrate.init(bare)
+    bare.execute("UPDATE pgsched.migration SET checksum = 'edited' WHERE version = 1")
+    before = state(bare)
+    with pytest.raises(MigrationChecksumMismatch) as e:
+        migrate.init(bare)
+    first = migrate.migrations()[0]
+    assert f"{first.version:04d}_{first.name}" in str(e.value)
+    assert state(bare) == before
+
+
+def test_upgrade_applies_only_the_new_migration(bare: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    migrate.init(bare)
+    before = state(bare)[0]
+    known = migrate.migrations()
+    extra = migrate.Migration(len(known) + 1, "test_extra", "CREATE TABLE pgsched.test_extra (x int);")
+    monkeypatch.setattr(migrate, "migrations", lambda: [*known, extra])
+    result = migrate.init(bare)
+    assert (result.applied, result.api_reapplied, result.version) == ([extra.version], True, extra.version)
+    assert state(bare)[0][:-1] == before
+    assert scalar(bare, "SELECT to_regclass('pgsched.test_extra') IS NOT NULL") is True
+    assert migrate.check_version(bare) == extra.version
+
+
+def test_failed_migration_leaves_nothing(bare: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    known = migrate.migrations()
+    broken = migrate.Migration(len(known) + 1, "broken", "SELECT 1/0;")
+    monkeypatch.setattr(migrate, "migrations", lambda: [*known, broken])
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        migrate.init(bare)
+    assert scalar(bare, "SELECT to_regnamespace('pgsched') IS NULL") is True
+
+
+def test_init_without_plpython_gives_a_working_api(bare: Conn) -> None:
+    result = migrate.init(bare, plpython=False)
+    assert result.plpython is False
+    assert scalar(bare, "SELECT plpython FROM pgsched.api_state") is False
+    assert scalar(bare, "SELECT pgsched.plpython_available()") is False
+    bare.execute(SETUP_SQL)
+    with bare.transaction():
+        job_id = scalar(bare, "SELECT add_job('ok_fn', '5 minutes')")
+        assert scalar(bare, "SELECT next_start = now() FROM job_stats WHERE job_id = %s", (job_id,)) is True
+    cron_id = scalar(bare, "SELECT add_job('ok_fn', '*/5 * * * *')")
+    assert scalar(bare, "SELECT schedule FROM jobs WHERE job_id = %s", (cron_id,)) == "*/5 * * * *"
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="schedule"):
+        bare.execute("SELECT add_job('ok_fn', '61 * * * *')")
+    bare.execute("CALL run_job(%s)", (job_id,))
+    assert scalar(bare, "SELECT total_successes FROM job_stats WHERE job_id = %s", (job_id,)) == 1
+
+
+def test_switching_plpython_off_reapplies_the_api(bare: Conn) -> None:
+    first = migrate.init(bare)
+    second = migrate.init(bare, plpython=False)
+    assert second.api_reapplied is first.plpython
+    assert scalar(bare, "SELECT plpython FROM pgsched.api_state") is False
+
+
+def test_check_version_without_schema(bare: Conn) -> None:
+    with pytest.raises(SchemaVersionMismatch, match="pgsched init"):
+        migrate.check_version(bare)
+
+
+def test_check_version_of_an_old_schema(bare: Conn) -> None:
+    migrate.init(bare)
+    bare.execute("DELETE FROM pgsched.migration WHERE version = (SELECT max(version) FROM pgsched.migration)")
+    with pytest.raises(SchemaVersionMismatch, match="run `pgsched init` to upgrade"):
+        migrate.check_version(bare)
+
+
+def test_init_in_a_connection_that_is_not_autocommit(empty_db: str) -> None:
+    with psycopg.connect(empty_db) as c:
+        result = migrate.init(c)
+        assert result.version == migrate.code_version()
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        assert migrate.check_version(c) == result.version
+
+
+PUBLIC_SQL = Path(migrate.__file__).resolve().parent.parent / "sql" / "api" / "90_public.sql"
+WRAPPERS = "SELECT oid, oid::regprocedure::text FROM pg_proc WHERE pronamespace = 'public'::regnamespace ORDER BY 1"
+
+
+def test_public_wrappers_survive_reapply_and_stale_ones_go(conn: Conn) -> None:
+    wrappers = conn.execute(WRAPPERS).fetchall()
+    assert len(wrappers) >= 8  # add_job x2, alter_job, delete_job, run_job, schedule x2, unschedule x2
+    conn.execute(PUBLIC_SQL.read_text())
+    assert conn.execute(WRAPPERS).fetchall() == wrappers
+    # an older pgsched's wrapper with another signature, and a user's own function
+    conn.execute("CREATE FUNCTION public.add_job(proc regproc, schedule text, old_arg integer DEFAULT 0) "
+                 "RETURNS integer LANGUAGE sql AS 'SELECT 0'")
+    conn.execute("COMMENT ON FUNCTION public.add_job(regproc, text, integer) IS 'pgsched API wrapper'")
+    conn.execute("CREATE FUNCTION public.delete_job(job_id integer, force boolean) RETURNS void "
+                 "LANGUAGE sql AS 'SELECT'")
+    conn.execute(PUBLIC_SQL.read_text())
+    assert conn.execute(WRAPPERS).fetchall()[:-1] == wrappers
+    assert scalar(conn, "SELECT to_regprocedure('public.add_job(regproc, text, integer)')") is None
+    assert scalar(conn, "SELECT to_regprocedure('public.delete_job(integer, boolean)') IS NOT NULL") is True
+    conn.execute(SETUP_SQL)
+    assert scalar(conn, "SELECT add_job('ok_fn', '5 minutes')") == 1000
+
+
+def test_user_object_with_an_api_name_is_left_alone(bare: Conn) -> None:
+    bare.execute("CREATE VIEW public.jobs AS SELECT 1 AS mine")
+    warnings: list[str] = []
+    bare.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
+    migrate.init(bare)
+    assert scalar(bare, "SELECT mine FROM public.jobs") == 1
+    assert any("public.jobs exists" in w for w in warnings), warnings
+    assert scalar(bare, "SELECT count(*) FROM pgsched.jobs") == 0
