@@ -137,6 +137,25 @@ def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
     return True
 
 
+def _drop_plpython_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
+    """Remove what plpython/ installed, so the plain-SQL fallbacks are what remains."""
+    cur.execute(
+        """SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+            WHERE p.pronamespace = 'pgsched'::regnamespace AND l.lanname = 'plpython3u'"""
+    )
+    for (fn,) in cur.fetchall():
+        cur.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(sql.SQL(str(fn))))
+    # next_runs exists only with PL/Python; its public wrapper goes with it.
+    cur.execute("DROP FUNCTION IF EXISTS pgsched.next_runs(text, integer, text, timestamptz) CASCADE")
+    cur.execute(
+        """SELECT p.oid::regprocedure::text FROM pg_proc p
+            WHERE p.pronamespace = 'public'::regnamespace AND p.proname = 'next_runs'
+              AND obj_description(p.oid, 'pg_proc') = 'pgsched API wrapper'"""
+    )
+    for (fn,) in cur.fetchall():
+        cur.execute(sql.SQL("DROP FUNCTION {}").format(sql.SQL(str(fn))))
+
+
 def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True) -> InitResult:
     """Install or upgrade the schema on `conn` (which must not be in a transaction)."""
     todo = migrations()
@@ -177,6 +196,8 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
         row = cur.fetchone()
         reapply = row is None or row[0] != checksum or bool(done)
         if reapply:
+            if not has_plpython:
+                _drop_plpython_functions(cur)
             for f in files:
                 cur.execute(sql.SQL(f.read_text()))
             cur.execute(

@@ -49,6 +49,9 @@ class Settings:
     terminate_grace: float = 2.0  # between cancelling a run's query and killing it
     reconnect_max: float = 10.0
     standby_poll: float = 5.0
+    # Runs due within this many seconds are claimed early and their worker waits for the
+    # plan time, so the claim's latency does not become start lag.
+    claim_ahead: float = 0.02
 
 
 class Scheduler:
@@ -130,7 +133,10 @@ class Scheduler:
             self._flush()
             if self.standby:
                 self._check_standby()
-                return
+                if self.standby:
+                    return
+                # Promoted: go on with this round (workers, plan, claims) instead of
+                # sleeping until the next heartbeat first.
             if self.store.drain_notifies():
                 self.dirty = True
                 self._cancel_deleted_runs()
@@ -176,12 +182,13 @@ class Scheduler:
 
     def _claim_due(self) -> None:
         assert self.store is not None and self.instance_id is not None
-        if self.next_due is None or self.next_due > self.clock.now():
+        ahead = timedelta(seconds=self.settings.claim_ahead)
+        if self.next_due is None or self.next_due > self.clock.now() + ahead:
             return
         idle = [w for w in self.workers.values() if w.idle]
         if not idle:
             return
-        claimed, next_due = self.store.claim(self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle])
+        claimed, next_due = self.store.claim(self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead)
         crashpoint("after_mark_start")
         if claimed:
             self.next_due = next_due
@@ -218,6 +225,7 @@ class Scheduler:
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
                 "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
                 "command": job.command, "config": job.config, "app": run.app_name,
+                "wait": max(0.0, (run.plan_time - self.clock.now()).total_seconds()),
             })
         except OSError:
             # The worker died between claim and send; reaping it records the crash.
@@ -449,6 +457,8 @@ class Scheduler:
     def _become_active(self, *, first: bool) -> None:
         assert self.store is not None
         self.standby = False
+        if not self.store.listening:  # connected while the server was a standby
+            self.store.listen()
         if first:
             self.instance_id = self.store.register_instance(socket.gethostname(), os.getpid(), __version__,
                                                             self.settings.max_workers)
@@ -505,7 +515,7 @@ class Scheduler:
             candidates.append(self._reconnect_at - now_mono)
         now = self.clock.now()
         if self.next_due is not None and any(w.idle for w in self.workers.values()) and not self.stopping:
-            candidates.append((self.next_due - now).total_seconds())
+            candidates.append((self.next_due - now).total_seconds() - self.settings.claim_ahead)
         for run in self.runs.values():
             for t in (run.deadline if run.forced is None else None, run.terminate_at):
                 if t is not None:
@@ -514,6 +524,8 @@ class Scheduler:
             candidates.append(self.stop_deadline - now_mono)
         if self.pending:
             candidates.append(0.05 if self.store is None else 0)
+        if self.store is not None and self.store.notified:
+            candidates.append(0)  # read during a statement of this round: act on it now
         return max(0.0, min(candidates))
 
     # -- settings and shutdown ---------------------------------------------------------

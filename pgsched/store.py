@@ -97,7 +97,17 @@ class Store:
         )
         # Our own job_stat writes must not wake us (or our peers) through NOTIFY.
         self.conn.execute("SET pgsched.internal = on")
-        self.conn.execute(f"LISTEN {CHANNEL}")
+        # A notification that arrives while one of our statements runs is taken off
+        # the socket by psycopg, not by drain_notifies, and the socket then no longer
+        # wakes the loop: count those through a handler so that none is lost.
+        self._notified = 0
+        self.conn.add_notify_handler(self._on_notify)
+        # A standby refuses LISTEN (it cannot queue notifications): the scheduler
+        # calls listen() when the server is promoted.
+        self.listening = False
+        row = self.conn.execute("SELECT pg_is_in_recovery() AS r").fetchone()
+        if not (row and row["r"]):
+            self.listen()
         # Every call below is one autocommit statement, i.e. one transaction: counted
         # so that the scheduler can report its transactions per run.
         self.statements = 0
@@ -105,6 +115,10 @@ class Store:
     def _execute(self, query: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[dict[str, Any]]:
         self.statements += 1
         return self.conn.execute(query, params)  # type: ignore[arg-type]
+
+    def listen(self) -> None:
+        self.conn.execute(f"LISTEN {CHANNEL}")
+        self.listening = True
 
     def close(self) -> None:
         if not self.conn.closed:
@@ -144,9 +158,18 @@ class Store:
         self._execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
 
     # -- notifications -------------------------------------------------------------
+    def _on_notify(self, _n: psycopg.Notify) -> None:
+        self._notified += 1
+
+    @property
+    def notified(self) -> bool:
+        """A notification arrived during one of our statements and is not drained yet."""
+        return self._notified > 0
+
     def drain_notifies(self) -> int:
         """Read pending notifications without blocking; how many arrived."""
-        n = 0
+        n = self._notified
+        self._notified = 0
         pg = self.conn.pgconn
         r, _, _ = select.select([pg.socket], [], [], 0)
         if r:
@@ -179,7 +202,8 @@ class Store:
             )
 
     # -- runs -------------------------------------------------------------
-    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]]) -> tuple[list[Claimed], datetime | None]:
+    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]],
+              ahead: timedelta = timedelta(0)) -> tuple[list[Claimed], datetime | None]:
         """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
 
         Also returns when the next unclaimed job is due (None when nothing was claimed:
@@ -188,12 +212,13 @@ class Store:
         if not workers:
             return [], None
         rows = self._execute(
-            "SELECT * FROM pgsched._claim(%s, %s, %s)",
-            (instance_id, [w for w, _ in workers], [b for _, b in workers]),
+            "SELECT * FROM pgsched._claim(%s, %s, %s, %s)",
+            (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead),
         ).fetchall()
+        if rows:
+            self.clock.anchor(rows[-1]["db_now"])
         out = []
         for row in rows:
-            self.clock.anchor(row["started_at"])
             try:
                 job = _job_from_row(row)
             except (schedule.ScheduleError, ValueError) as e:

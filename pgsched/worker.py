@@ -21,8 +21,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import select
 import signal
 import sys
+import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 import psycopg
@@ -71,6 +74,9 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any]) -> dict[str, Any
         if msg.get("owner") and msg["owner"] != msg.get("session_user"):
             setup = sql.SQL("; ").join([setup, sql.SQL("SET ROLE {}").format(sql.Identifier(msg["owner"]))])
         conn.execute(setup)
+        # Claimed a little ahead of its plan time: start on the dot, not early.
+        if msg.get("wait"):
+            time.sleep(min(float(msg["wait"]), 1.0))
         stmt, params = job_statement(msg)
         conn.execute(stmt, params)
     except psycopg.Error as e:
@@ -106,14 +112,55 @@ def main() -> int:
     assert info is not None
     backend_pid, session_user = info
     _emit(out, {"event": "ready", "pid": os.getpid(), "backend_pid": backend_pid})
-    for line in sys.stdin:
+    for line in _requests(conn):
         msg = json.loads(line)
         msg["session_user"] = session_user
         result = run_one(conn, msg)
         _emit(out, result)
         if result.get("lost"):
             return EXIT_LOST
-    return EXIT_OK
+    return EXIT_LOST if conn.closed or conn.broken else EXIT_OK
+
+
+def _requests(conn: psycopg.Connection[Any]) -> Iterator[bytes]:
+    """Lines from stdin until it closes, or until the idle connection is lost.
+
+    While waiting for a run the worker also watches its connection's socket: a
+    server restart, pg_terminate_backend or idle_session_timeout ends an idle
+    session, and a worker that only found out at its next run would turn that
+    run into a crash. Exiting at once (EXIT_LOST) lets the parent replace it
+    before giving it work. stdin is read unbuffered so that select() sees
+    every line that is waiting.
+    """
+    stdin = sys.stdin.fileno()
+    sock = conn.fileno()
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            ready, _, _ = select.select([stdin, sock], [], [])
+            if sock in ready and not _still_connected(conn):
+                return
+            if stdin in ready:
+                chunk = os.read(stdin, 65536)
+                if not chunk:
+                    return
+                buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        if line.strip():
+            yield line
+
+
+def _still_connected(conn: psycopg.Connection[Any]) -> bool:
+    """Read what the server sent an idle session; False if it closed the connection."""
+    try:
+        conn.pgconn.consume_input()
+    except psycopg.OperationalError:
+        conn.close()
+        return False
+    if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+        conn.close()
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -10,21 +10,25 @@
 -- a planned run happen at most once even so. A job whose planned run already
 -- exists (e.g. next_start was set back by hand to a plan that ran) gets its
 -- next_start cleared, and the scheduler computes a fresh one.
-CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[])
+-- `ahead` claims runs due within that much time: the scheduler hands them to a
+-- worker that waits for the plan time, so the claim's own latency does not
+-- delay the start. Such a run's started_at is its plan time.
+CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
+                                          ahead interval DEFAULT interval '0')
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at timestamptz, lease_token bigint,
                worker_pid integer, backend_pid integer, consecutive_failures integer,
                consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
                initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
-               retry_period_s double precision, next_due timestamptz)
+               retry_period_s double precision, next_due timestamptz, db_now timestamptz)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH due AS (
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
           FROM (SELECT * FROM pgsched.job_stat s
-                 WHERE s.state = 'scheduled' AND s.next_start <= now()
+                 WHERE s.state = 'scheduled' AND s.next_start <= now() + ahead
                  ORDER BY s.next_start, s.job_id
                  LIMIT cardinality(worker_pids)
                    FOR UPDATE SKIP LOCKED) s
@@ -33,7 +37,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                                           instance_id, lease_token, heartbeat_at)
         SELECT d.job_id, d.next_start,
                CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
-               now(), worker_pids[d.n], backend_pids[d.n], instance_id,
+               greatest(now(), d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
                nextval('pgsched.lease_token_seq'), now()
           FROM due d
          ORDER BY d.n
@@ -63,7 +67,8 @@ SET search_path = pg_catalog, pg_temp AS $$
            -- separate query to know how long to sleep (evaluated once, on the index).
            (SELECT min(s2.next_start) FROM pgsched.job_stat s2
              WHERE s2.state = 'scheduled' AND s2.next_start IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id))
+               AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)),
+           clock_timestamp()
       FROM runs r
       JOIN due d ON d.job_id = r.job_id
       JOIN pgsched.job j ON j.job_id = r.job_id

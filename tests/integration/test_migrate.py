@@ -11,6 +11,7 @@ import pytest
 
 from pgsched import migrate
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
+from tests.conftest import PgServer
 from tests.integration.helpers import SETUP_SQL, Conn, rows, scalar
 
 
@@ -195,3 +196,17 @@ def test_user_object_with_an_api_name_is_left_alone(bare: Conn) -> None:
     assert scalar(bare, "SELECT mine FROM public.jobs") == 1
     assert any("public.jobs exists" in w for w in warnings), warnings
     assert scalar(bare, "SELECT count(*) FROM pgsched.jobs") == 0
+
+
+@pytest.mark.plpython
+def test_switching_plpython_off_removes_the_plpython_functions(bare: Conn, pg_server: PgServer) -> None:
+    if not pg_server.plpython:
+        pytest.skip("PL/Python is not installed in the test cluster")
+    assert migrate.init(bare).plpython
+    assert scalar(bare, "SELECT to_regprocedure('pgsched.next_runs(text, integer, text, timestamptz)')") is not None
+    assert migrate.init(bare, plpython=False).plpython is False
+    assert scalar(bare, "SELECT pgsched.plpython_available()") is False
+    assert scalar(bare, "SELECT to_regprocedure('pgsched.next_runs(text, integer, text, timestamptz)')") is None
+    assert scalar(bare, "SELECT count(*) FROM pg_proc WHERE proname = 'next_runs'") == 0
+    bare.execute(SETUP_SQL)
+    assert scalar(bare, "SELECT add_job('ok_fn', '*/5 * * * *')") >= 1000
