@@ -11,8 +11,9 @@ Dialect
     ``?`` means ``*`` in day-of-month and day-of-week.  ``L`` (or ``$``) in day-of-month is the
     month's last day; ``d#n`` (n 1-5) the n-th weekday d of the month; ``dL`` the month's last
     weekday d.  Macros @yearly @annually @monthly @weekly @daily @midnight @hourly.
-    When both day fields are restricted (neither is literally ``*`` or ``?``) a day matches if
-    EITHER matches (Vixie cron); otherwise the restricted one decides.
+    When both day fields are restricted a day matches if EITHER matches; a field that
+    begins with ``*`` (``*``, ``*/2``) or is ``?`` counts as unrestricted, and then both
+    must match. That is Vixie cron's rule, which pg_cron follows.
 
 Time and DST
     Expressions are matched against LOCAL wall-clock time in the schedule's zone.  A matching
@@ -87,6 +88,8 @@ class Cron:
     last_day: bool = False
     nth_weekdays: tuple[tuple[int, int], ...] = ()  # (weekday, n)
     last_weekdays: tuple[int, ...] = ()
+    # The field begins with '*' or is '?' (Vixie's DOM_STAR/DOW_STAR): then a day must
+    # match both day fields, otherwise either.
     dom_any: bool = True
     dow_any: bool = True
 
@@ -222,8 +225,8 @@ def parse_cron(expr: str) -> Cron:
         last_day=last_day,
         nth_weekdays=tuple(sorted(nth)),
         last_weekdays=tuple(sorted(lasts)),
-        dom_any=fields[3] in ("*", "?"),
-        dow_any=fields[5] in ("*", "?"),
+        dom_any=fields[3].startswith("*") or fields[3] == "?",
+        dow_any=fields[5].startswith("*") or fields[5] == "?",
     )
     _check_possible(cron)
     return cron
@@ -237,30 +240,29 @@ def _check_possible(c: Cron) -> None:
     if c.years is not None:
         if not any(_day_list(c, y, m) for y in c.years for m in c.months):
             raise never
-    elif c.dow_any and not c.last_day and not any(c.days[0] <= _MAX_MDAYS[m] for m in c.months):
+    elif (c.dom_any or c.dow_any) and not c.last_day and not any(
+        c.days and c.days[0] <= _MAX_MDAYS[m] for m in c.months
+    ):
         raise never
 
 
 def _day_list(c: Cron, y: int, m: int) -> list[int]:
     n = month_days(y, m)
-    if c.dom_any and c.dow_any:
-        return list(range(1, n + 1))
-    chosen: set[int] = set()
-    if not c.dom_any:
-        chosen.update(d for d in c.days if d <= n)
-        if c.last_day:
-            chosen.add(n)
-    if not c.dow_any:
-        first = (date(y, m, 1).weekday() + 1) % 7  # weekday of the 1st, 0 = Sunday
-        for wd in c.weekdays:
-            chosen.update(range(1 + (wd - first) % 7, n + 1, 7))
-        for wd, k in c.nth_weekdays:
-            d = 1 + (wd - first) % 7 + 7 * (k - 1)
-            if d <= n:
-                chosen.add(d)
-        last_wd = (first + n - 1) % 7
-        chosen.update(n - (last_wd - wd) % 7 for wd in c.last_weekdays)
-    return sorted(chosen)
+    dom = {d for d in c.days if d <= n}
+    if c.last_day:
+        dom.add(n)
+    first = (date(y, m, 1).weekday() + 1) % 7  # weekday of the 1st, 0 = Sunday
+    dow: set[int] = set()
+    for wd in c.weekdays:
+        dow.update(range(1 + (wd - first) % 7, n + 1, 7))
+    for wd, k in c.nth_weekdays:
+        d = 1 + (wd - first) % 7 + 7 * (k - 1)
+        if d <= n:
+            dow.add(d)
+    last_wd = (first + n - 1) % 7
+    dow.update(n - (last_wd - wd) % 7 for wd in c.last_weekdays)
+    # Vixie cron: if either day field begins with '*' both must match, otherwise either may.
+    return sorted(dom & dow if c.dom_any or c.dow_any else dom | dow)
 
 
 def _next_wall(c: Cron, lb: datetime, ylimit: int) -> datetime | None:

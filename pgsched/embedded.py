@@ -5,8 +5,9 @@ Owns initdb, start, stop and restart of a throwaway or per-user cluster: the one
 starts for itself. PostgreSQL refuses to run as root, so when we are root the
 server runs as the `postgres` system user and owns its data directory.
 
-The postmaster gets a PYTHONPATH that reaches pgsched and croniter, so that the
-PL/Python functions in plpython/ import the same schedule code the scheduler uses.
+The postmaster gets a PYTHONPATH that reaches the pgsched package, so that the
+PL/Python functions in plpython/ import the same schedule code the scheduler uses
+(pgsched.schedule and pgsched.cron need nothing beyond the standard library).
 """
 
 from __future__ import annotations
@@ -57,20 +58,10 @@ def free_port() -> int:
 
 
 def plpython_path() -> str:
-    """PYTHONPATH entries that make pgsched and its pure dependencies importable by the server's Python."""
-    import croniter
-    import dateutil
-
+    """PYTHONPATH that makes pgsched importable by the server's own Python."""
     import pgsched
 
-    dirs = [Path(pgsched.__file__).resolve().parent.parent]
-    for mod in (croniter, dateutil):
-        dirs.append(Path(mod.__file__ or "").resolve().parent.parent)
-    seen: list[str] = []
-    for d in dirs:
-        if str(d) not in seen:
-            seen.append(str(d))
-    return os.pathsep.join(seen)
+    return str(Path(pgsched.__file__).resolve().parent.parent)
 
 
 def default_home() -> Path:

@@ -15,6 +15,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -209,7 +210,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
     return InitResult(applied=done, api_reapplied=reapply, plpython=has_plpython, version=len(todo))
 
 
-def check_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+def check_version(conn: psycopg.Connection[Any]) -> int:
     """The schema version if it matches this code; SchemaVersionMismatch otherwise."""
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute("SELECT to_regclass('pgsched.migration') IS NOT NULL")

@@ -272,21 +272,23 @@ class Scheduler:
             if run is None or run.run_id != ev.get("run_id"):
                 log.warning("worker %s reported an unknown run %s", worker.pid, ev.get("run_id"))
                 return
+            raw_state = ev.get("sqlstate")
+            sqlstate = raw_state if isinstance(raw_state, str) else None
+            detail = str(ev.get("message")) if ev.get("message") is not None else None
+            msg: str | None
             if ev.get("ok"):
-                outcome, state, msg = Outcome.SUCCESS, None, None
+                outcome, sqlstate, msg = Outcome.SUCCESS, None, None
             elif ev.get("lost"):
-                outcome, state = Outcome.CRASH, ev.get("sqlstate")
-                msg = f"database connection lost: {ev.get('message')}"
+                outcome, msg = Outcome.CRASH, f"database connection lost: {detail}"
             else:
-                outcome, state, msg = Outcome.FAILURE, ev.get("sqlstate"), ev.get("message")
+                outcome, msg = Outcome.FAILURE, detail
             if run.forced:
                 outcome = Outcome(run.forced)
-                msg = self._forced_message(run, msg if isinstance(msg, str) else None)
+                msg = self._forced_message(run, msg)
             if ev.get("lost") or run.forced:
                 worker.retiring = True
             worker.run = None
-            self._end_run(run, outcome, state if isinstance(state, str) else None,
-                          msg if isinstance(msg, str) else None)
+            self._end_run(run, outcome, sqlstate, msg)
             if worker.retiring:
                 worker.close_stdin()
         elif kind == "error":

@@ -114,7 +114,7 @@ class Store:
 
     def _execute(self, query: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[dict[str, Any]]:
         self.statements += 1
-        return self.conn.execute(query, params)  # type: ignore[arg-type]
+        return self.conn.execute(query, params)
 
     def listen(self) -> None:
         self.conn.execute(f"LISTEN {CHANNEL}")
@@ -133,7 +133,7 @@ class Store:
 
     # -- start-up -------------------------------------------------------------
     def check_version(self) -> int:
-        return migrate.check_version(self.conn)  # type: ignore[arg-type]
+        return migrate.check_version(self.conn)
 
     def in_recovery(self) -> bool:
         row = self._execute("SELECT pg_is_in_recovery() AS r").fetchone()

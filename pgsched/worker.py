@@ -54,7 +54,7 @@ def _emit(out: IO[str], obj: dict[str, Any]) -> None:
     out.flush()
 
 
-def job_statement(msg: dict[str, Any]) -> tuple[sql.Composable, tuple[Any, ...] | None]:
+def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | sql.Composed, tuple[Any, ...] | None]:
     """The statement that runs a job: CALL/SELECT proc(job_id, config), or the command text."""
     if msg["kind"] == "command":
         return sql.SQL(msg["command"]), None

@@ -610,7 +610,9 @@ def test_backoff_caps_floor_and_overflow() -> None:
         s, failures=3, retry_period=timedelta(hours=1), rng=rng, cap=timedelta(minutes=10)
     ) <= timedelta(minutes=10)
     assert backoff_delay(s, failures=1, retry_period=timedelta(0), rng=rng) == timedelta(seconds=1)
-    assert backoff_delay(s, failures=1, retry_period=timedelta(milliseconds=10), rng=rng) == timedelta(seconds=1)
+    # An explicit sub-second retry_period is honoured (within jitter); only zero gets the 1 s floor.
+    tiny = backoff_delay(s, failures=1, retry_period=timedelta(milliseconds=10), rng=rng)
+    assert timedelta(milliseconds=9) <= tiny <= timedelta(milliseconds=11)
     monthly = Schedule(interval=MONTH, cron=None)
     assert backoff_delay(monthly, failures=40, retry_period=timedelta(hours=1), rng=rng) <= timedelta(days=150)
     # cap = 5 * the 1-day gap after the fixed reference (a Monday)
@@ -710,33 +712,28 @@ def _in(value: int, allowed: frozenset[int] | None) -> bool:
     return allowed is None or value in allowed
 
 
-def _matches(wall: datetime, sets: dict[str, frozenset[int] | None], dom_text: str) -> bool:
-    """Independent oracle: does the local wall time match (Vixie OR rule for the day fields)?"""
+def _matches(wall: datetime, sets: dict[str, frozenset[int] | None], dom_text: str, dow_text: str) -> bool:
+    """Independent oracle: does the local wall time match (Vixie's rule for the day fields)?"""
     if not (_in(wall.second, sets["second"] or frozenset({0})) and _in(wall.minute, sets["minute"])):
         return False
     if not (_in(wall.hour, sets["hour"]) and _in(wall.month, sets["month"])):
         return False
     last = (date(wall.year + wall.month // 12, wall.month % 12 + 1, 1) - timedelta(days=1)).day
-    dom_ok: bool | None = None  # None: unrestricted
-    if dom_text == "L":
-        dom_ok = wall.day == last
-    elif sets["dom"] is not None:
-        dom_ok = wall.day in sets["dom"]
-    dow_ok = None if sets["dow"] is None else (wall.isoweekday() % 7) in sets["dow"]
-    if dom_ok is not None and dow_ok is not None:
-        return dom_ok or dow_ok
-    return dom_ok is not False and dow_ok is not False
+    dom_ok = wall.day == last if dom_text == "L" else _in(wall.day, sets["dom"])
+    dow_ok = _in(wall.isoweekday() % 7, sets["dow"])
+    star = any(text.startswith("*") or text == "?" for text in (dom_text, dow_text))
+    return (dom_ok and dow_ok) if star else (dom_ok or dow_ok)
 
 
-def _fires_at(t: datetime, sets: dict[str, frozenset[int] | None], dom_text: str) -> bool:
+def _fires_at(t: datetime, sets: dict[str, frozenset[int] | None], dom_text: str, dow_text: str) -> bool:
     local = t.astimezone(BERLIN)
-    if local.fold == 0 and _matches(local.replace(tzinfo=None), sets, dom_text):
+    if local.fold == 0 and _matches(local.replace(tzinfo=None), sets, dom_text, dow_text):
         return True
     if t != _TRANSITIONS[0]:
         return False
     # the spring transition instant also stands for every matching wall time in the gap
     return any(
-        _matches(datetime(2026, 3, 29, 2, m, s), sets, dom_text) for m in range(60) for s in (sets["second"] or {0})
+        _matches(datetime(2026, 3, 29, 2, m, s), sets, dom_text, dow_text) for m in range(60) for s in (sets["second"] or {0})
     )
 
 
@@ -779,7 +776,7 @@ def test_cron_next_property(
     }
     got = cron_next(parse_cron(expr), BERLIN, after)
     assert got > after and got.tzinfo is UTC
-    assert _fires_at(got, sets, dom[0]), (expr, after, got)
+    assert _fires_at(got, sets, dom[0], dow[0]), (expr, after, got)
     # brute force: no firing between `after` and `got`, scanned per minute (seconds from the set)
     step = timedelta(minutes=1)
     t = after.replace(second=0, microsecond=0)
@@ -788,5 +785,16 @@ def test_cron_next_property(
         for s in sorted(sets["second"] or {0}):
             c = t + timedelta(seconds=s)
             if after < c < got:
-                assert not _fires_at(c, sets, dom[0]), (expr, after, got, c)
+                assert not _fires_at(c, sets, dom[0], dow[0]), (expr, after, got, c)
         t += step
+
+
+def test_vixie_day_rule_star_prefixed_field_means_and() -> None:
+    utc = zone("UTC")
+    # Both restricted: either matches (the 1st or 15th, or any Monday).
+    either = cron_next_n(parse_cron("0 0 1,15 * MON"), utc, u(2026, 6, 1, 1), 4)
+    assert [t.day for t in either] == [8, 15, 22, 29]
+    # '*/13' begins with '*': both must match (1st/14th/27th that are Thursdays).
+    both = cron_next_n(parse_cron("0 0 */13 * THU"), utc, u(2026, 1, 1, 1), 3)
+    assert all(t.day in (1, 14, 27) and t.isoweekday() == 4 for t in both)
+    assert both[0] == u(2026, 5, 14)
