@@ -355,3 +355,26 @@ $$;
 
 CREATE OR REPLACE TRIGGER job_touch BEFORE UPDATE ON pgsched.job
     FOR EACH ROW EXECUTE FUNCTION pgsched._touch_updated_at();
+
+-- schedule_interval is derived from schedule, so a row written by direct DML
+-- (or edited by hand) is consistent. Text that is neither an interval nor a
+-- cron expression is still stored (a superuser may write anything); the
+-- scheduler then disables that one job with the reason shown.
+CREATE OR REPLACE FUNCTION pgsched._derive_schedule_interval()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    NEW.schedule_interval := NULL;
+    IF NEW.schedule IS NOT NULL AND NOT pgsched._is_cron(NEW.schedule) THEN
+        BEGIN
+            NEW.schedule_interval := NEW.schedule::interval;
+        EXCEPTION WHEN OTHERS THEN
+            NULL;
+        END;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER job_derive_interval BEFORE INSERT OR UPDATE OF schedule, schedule_interval
+    ON pgsched.job FOR EACH ROW EXECUTE FUNCTION pgsched._derive_schedule_interval();

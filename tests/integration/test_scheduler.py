@@ -183,3 +183,15 @@ def test_notify_wakes_the_scheduler_for_a_new_job(db: str, jobs: Conn) -> None:
     assert added and time.monotonic() - added[0] < 1.0
     started = one(jobs, "SELECT started_at FROM job_history")
     assert started - committed[0] < timedelta(milliseconds=100)
+
+
+def test_direct_insert_gets_its_interval_and_runs(db: str, jobs: Conn) -> None:
+    jobs.execute("INSERT INTO pgsched.job (job_name, kind, command, schedule) "
+                 "VALUES ('raw', 'command', 'INSERT INTO hits VALUES (7)', '300 milliseconds')")
+    assert one(jobs, "SELECT schedule_interval FROM pgsched.job WHERE job_name = 'raw'") == timedelta(
+        milliseconds=300)
+    jobs.execute("INSERT INTO pgsched.job (job_name, kind, command, schedule) "
+                 "VALUES ('junk', 'command', 'SELECT 1', 'every tuesday-ish')")
+    serve(db, lambda: one(jobs, "SELECT count(*) FROM hits WHERE job_id = 7") >= 2)
+    st = jobs.execute("SELECT s.state, s.disabled_reason FROM job_stats s WHERE job_name = 'junk'").fetchone()
+    assert st is not None and st[0] == "disabled" and "neither an interval nor a cron" in st[1]
