@@ -63,7 +63,7 @@ def _embedded_dsn() -> str:
         "Add a job: CREATE PROCEDURE hello(job_id int, config jsonb) LANGUAGE sql AS "
         "$$ SELECT 1 $$;  SELECT add_job('hello', '10 seconds');\n"
         "See runs:  SELECT * FROM job_stats;  SELECT * FROM job_history ORDER BY run_id DESC LIMIT 10;\n"
-        f"Stop it later with: {cluster.bindir}/pg_ctl -D {cluster.datadir} stop",
+        f"Stop it later with: {cluster.stop_command()}",
         err=True,
     )
     return dsn

@@ -104,6 +104,10 @@ class Cluster:
             host=str(self.socket_dir), port=str(self.port), dbname=dbname, user=user
         )
 
+    def stop_command(self) -> str:
+        as_user = f"runuser -u {self.run_as} -- " if self.run_as else ""
+        return f"{as_user}{self.bindir}/pg_ctl -D {self.datadir} stop"
+
     def psql_command(self, dbname: str) -> str:
         return f"psql -h {self.socket_dir} -p {self.port} -U {SUPERUSER} {dbname}"
 
