@@ -24,7 +24,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +114,7 @@ def final_stats(log: Path) -> dict[str, float]:
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def cpu_seconds(pid: int) -> float:

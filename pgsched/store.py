@@ -42,7 +42,8 @@ def schedule_from_row(row: dict[str, Any]) -> Schedule:
     months = row["months"]
     if months is None:
         if not schedule.looks_like_cron(row["schedule"] or ""):
-            raise schedule.ScheduleError("schedule", f"{row['schedule']!r} is neither an interval nor a cron expression")
+            raise schedule.ScheduleError(
+                "schedule", f"{row['schedule']!r} is neither an interval nor a cron expression")
         return Schedule(interval=None, cron=_cron(row["schedule"]), fixed=True, origin=row["initial_start"], tz=tz)
     iv = Interval(int(months), int(row["days"]), int(row["micros"]))
     return Schedule(interval=iv, cron=None, fixed=bool(row["fixed_schedule"]), origin=row["initial_start"], tz=tz)

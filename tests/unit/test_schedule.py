@@ -733,7 +733,9 @@ def _fires_at(t: datetime, sets: dict[str, frozenset[int] | None], dom_text: str
         return False
     # the spring transition instant also stands for every matching wall time in the gap
     return any(
-        _matches(datetime(2026, 3, 29, 2, m, s), sets, dom_text, dow_text) for m in range(60) for s in (sets["second"] or {0})
+        _matches(datetime(2026, 3, 29, 2, m, s), sets, dom_text, dow_text)
+        for m in range(60)
+        for s in (sets["second"] or {0})
     )
 
 
