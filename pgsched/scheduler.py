@@ -130,8 +130,8 @@ class Scheduler:
         if self.store is None:
             return
         try:
-            self._flush()
             if self.standby:
+                self._flush()
                 self._check_standby()
                 if self.standby:
                     return
@@ -151,6 +151,7 @@ class Scheduler:
             self._ensure_workers()
             if not self.stopping:
                 self._claim_due()
+            self._flush()
         except psycopg.OperationalError as e:
             self._lost_connection(e)
 
@@ -162,6 +163,11 @@ class Scheduler:
         if unplanned:
             self._plan_unplanned()
             next_due, _ = self.store.next_due()
+        # Runs that ended but are not written yet still hold their job as 'starting' in the
+        # catalog: their next starts are known only here.
+        for f in self.pending:
+            if f.next_start is not None and (next_due is None or f.next_start < next_due):
+                next_due = f.next_start
         self.next_due = next_due
 
     def _plan_unplanned(self) -> None:
@@ -188,7 +194,16 @@ class Scheduler:
         idle = [w for w in self.workers.values() if w.idle]
         if not idle:
             return
-        claimed, next_due = self.store.claim(self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead)
+        # Runs that just ended are closed in the same round trip as the claim.
+        batch, self.pending = self.pending, []
+        try:
+            claimed, next_due = self.store.claim(
+                self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch)
+        except psycopg.OperationalError:
+            self.pending = batch + self.pending  # written after reconnecting; closing is idempotent
+            raise
+        if batch:
+            crashpoint("after_mark_end")
         crashpoint("after_mark_start")
         if claimed:
             self.next_due = next_due
@@ -225,7 +240,9 @@ class Scheduler:
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
                 "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
                 "command": job.command, "config": job.config, "app": run.app_name,
-                "wait": max(0.0, (run.plan_time - self.clock.now()).total_seconds()),
+                # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
+                # whatever its own set-up took.
+                "start_at": time.monotonic() + max(0.0, (run.plan_time - self.clock.now()).total_seconds()),
             })
         except OSError:
             # The worker died between claim and send; reaping it records the crash.
@@ -291,6 +308,8 @@ class Scheduler:
             self._end_run(run, outcome, sqlstate, msg)
             if worker.retiring:
                 worker.close_stdin()
+        elif kind == "lost":
+            worker.retiring = True  # its connection died after its run ended: replace it
         elif kind == "error":
             log.error("worker %s could not start: %s", worker.pid, ev.get("message"))
 

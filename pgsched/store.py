@@ -100,6 +100,12 @@ class Store:
         )
         # Our own job_stat writes must not wake us (or our peers) through NOTIFY.
         self.conn.execute("SET pgsched.internal = on")
+        # The scheduler's own commits need not wait for the WAL flush: a job's commit is
+        # synchronous and comes later in the WAL than the claim that started it, so a
+        # durable job implies a durable claim; a close lost in a server crash leaves the
+        # run 'running', which mark_start already counted as a crash (the conservative
+        # over-count TimescaleDB also accepts). This halves the latency per scheduler round.
+        self.conn.execute("SET synchronous_commit = off")
         # A notification that arrives while one of our statements runs is taken off
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
@@ -205,19 +211,25 @@ class Store:
             )
 
     # -- runs -------------------------------------------------------------
-    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]],
-              ahead: timedelta = timedelta(0)) -> tuple[list[Claimed], datetime | None]:
+    def claim(self, instance_id: int, workers: Sequence[tuple[int, int]], ahead: timedelta = timedelta(0),
+              finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None]:
         """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
 
-        Also returns when the next unclaimed job is due (None when nothing was claimed:
-        the caller must ask next_due()).
+        Runs in `finishing` are closed first, in the same round trip (a pipeline: the close
+        and the claim stay two transactions, in that order). Also returns when the next
+        unclaimed job is due (None when nothing was claimed: the caller must ask next_due()).
         """
         if not workers:
+            self.finish(finishing)
             return [], None
-        rows = self._execute(
-            "SELECT * FROM pgsched._claim(%s, %s, %s, %s)",
-            (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead),
-        ).fetchall()
+        with self.conn.pipeline():
+            if finishing:
+                self._finish_cursor(finishing)
+            cur = self._execute(
+                "SELECT * FROM pgsched._claim(%s, %s, %s, %s)",
+                (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead),
+            )
+        rows = cur.fetchall()
         if rows:
             self.clock.anchor(rows[-1]["db_now"])
         out = []
@@ -240,15 +252,17 @@ class Store:
         """Close runs in one statement (one transaction); per run, whether it was still open."""
         if not finishes:
             return []
+        closed = {int(r["id"]) for r in self._finish_cursor(finishes).fetchall()}
+        return [f.run_id in closed for f in finishes]
+
+    def _finish_cursor(self, finishes: Sequence[Finish]) -> psycopg.Cursor[dict[str, Any]]:
         payload = [{
             "run_id": f.run_id, "outcome": str(f.outcome), "sqlstate": f.sqlstate, "message": f.message,
             "next_start": _iso(f.next_start), "finished_at": _iso(f.finished_at),
             "disable_reason": f.disable_reason, "rows_affected": f.rows_affected, "result": f.result,
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
         } for f in finishes]
-        rows = self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),)).fetchall()
-        closed = {int(r["id"]) for r in rows}
-        return [f.run_id in closed for f in finishes]
+        return self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),))
 
     def disable(self, job_id: int, reason: str) -> None:
         self._execute("SELECT pgsched._disable_job(%s, %s)", (job_id, reason))

@@ -54,46 +54,73 @@ def _emit(out: IO[str], obj: dict[str, Any]) -> None:
     out.flush()
 
 
+def _call(msg: dict[str, Any]) -> sql.Composed:
+    """proc(job_id, config) with the proc's name quoted as identifiers."""
+    return sql.SQL("{}.{}(%s::integer, %s::jsonb)").format(
+        sql.Identifier(msg["proc_schema"]), sql.Identifier(msg["proc_name"])
+    )
+
+
+def _params(msg: dict[str, Any]) -> tuple[Any, ...]:
+    config = msg.get("config")
+    return (msg["job_id"], None if config is None else Jsonb(config))
+
+
 def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | sql.Composed, tuple[Any, ...] | None]:
     """The statement that runs a job: CALL/SELECT proc(job_id, config), or the command text."""
     if msg["kind"] == "command":
         return sql.SQL(msg["command"]), None
-    verb = "CALL" if msg["is_procedure"] else "SELECT"
-    stmt = sql.SQL(verb + " {}.{}(%s::integer, %s::jsonb)").format(
-        sql.Identifier(msg["proc_schema"]), sql.Identifier(msg["proc_name"])
-    )
-    config = msg.get("config")
-    return stmt, (msg["job_id"], None if config is None else Jsonb(config))
+    return sql.SQL("CALL " if msg["is_procedure"] else "SELECT ") + _call(msg), _params(msg)
+
+
+def _session_settings(msg: dict[str, Any]) -> list[tuple[str, str]]:
+    """(setting, value) a run needs: its application_name, and its owner's role."""
+    out = [("application_name", str(msg["app"]))]
+    if msg.get("owner") and msg["owner"] != msg.get("session_user"):
+        out.append(("role", str(msg["owner"])))
+    return out
 
 
 def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any]) -> dict[str, Any]:
     """Execute one run; the result message for the parent."""
     result: dict[str, Any] = {"event": "done", "run_id": msg["run_id"], "ok": True}
+    settings = _session_settings(msg)
+    setters = sql.SQL(", ").join(
+        sql.SQL("pg_catalog.set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings
+    )
     try:
-        setup = sql.SQL("SET application_name = {}").format(sql.Literal(msg["app"]))
-        if msg.get("owner") and msg["owner"] != msg.get("session_user"):
-            setup = sql.SQL("; ").join([setup, sql.SQL("SET ROLE {}").format(sql.Identifier(msg["owner"]))])
-        conn.execute(setup)
-        # Claimed a little ahead of its plan time: start on the dot, not early.
-        if msg.get("wait"):
-            time.sleep(min(float(msg["wait"]), 1.0))
         stmt, params = job_statement(msg)
+        inline = msg["kind"] == "proc" and not msg["is_procedure"]
+        if not inline:
+            # CALL and command text cannot carry the set-up: it takes its own round trip.
+            conn.execute(sql.SQL("SELECT {}").format(setters))
+        # Claimed a little ahead of its plan time: start on the dot, not early.
+        delay = float(msg.get("start_at") or 0) - time.monotonic()
+        if delay > 0:
+            time.sleep(min(delay, 1.0))
+        if inline:
+            # One round trip for a function job: the set-up is evaluated before the call.
+            stmt = sql.SQL("SELECT {}, {}").format(setters, _call(msg))
         conn.execute(stmt, params)
     except psycopg.Error as e:
         lost = conn.closed or conn.broken
         result.update(ok=False, sqlstate=e.sqlstate, lost=lost,
                       message=(e.diag.message_primary or str(e) or type(e).__name__)[:MAX_MESSAGE])
-        if lost:
-            return result
+    return result
+
+
+def reset_session(conn: psycopg.Connection[Any]) -> bool:
+    """Nothing a job set (role, GUCs, temp tables, prepared statements, locks) reaches the next run.
+
+    False if the connection is gone (the worker must then exit and be replaced).
+    """
     try:
-        # Nothing a job set (role, GUCs, temp tables, prepared statements) reaches the next run.
         conn.execute("DISCARD ALL")
     except psycopg.Error:
         if not (conn.closed or conn.broken):
             raise
-        # The outcome stands; the worker exits after reporting and is replaced.
-        result["lost"] = True
-    return result
+        return False
+    return True
 
 
 def main() -> int:
@@ -116,8 +143,12 @@ def main() -> int:
         msg = json.loads(line)
         msg["session_user"] = session_user
         result = run_one(conn, msg)
+        # Report first, then reset: the reset overlaps the parent's bookkeeping.
         _emit(out, result)
         if result.get("lost"):
+            return EXIT_LOST
+        if not reset_session(conn):
+            _emit(out, {"event": "lost"})
             return EXIT_LOST
     return EXIT_LOST if conn.closed or conn.broken else EXIT_OK
 
