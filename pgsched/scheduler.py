@@ -101,6 +101,7 @@ class Scheduler:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         signal.signal(signal.SIGINT, lambda *_: self.request_stop())
         signal.signal(signal.SIGHUP, lambda *_: self._request_reload())
+        signal.signal(signal.SIGUSR1, lambda *_: self.log_stats("stats"))
         signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
 
     def run(self, until: Callable[[], bool] | None = None) -> None:
@@ -143,9 +144,9 @@ class Scheduler:
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None
-                self.store.heartbeat(self.instance_id, self.settings.max_workers)
+                found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after)
                 self._heartbeat_at = now_mono + self.settings.heartbeat_interval
-                self._close_abandoned(startup=False)
+                self._close_abandoned(found, startup=False)
             if self.dirty or now_mono >= self._safety_at:
                 self._refresh_plan()
             self._ensure_workers()
@@ -417,9 +418,13 @@ class Scheduler:
                 self._stop_run(run, Outcome.CANCELLED)
 
     # -- crashes found in the catalog -------------------------------------------------
-    def _close_abandoned(self, *, startup: bool) -> None:
-        assert self.store is not None and self.instance_id is not None
-        found = self.store.abandoned(self.instance_id, timedelta(seconds=self.settings.dead_after))
+    @property
+    def _dead_after(self) -> timedelta:
+        return timedelta(seconds=self.settings.dead_after)
+
+    def _close_abandoned(self, found: list[Abandoned], *, startup: bool) -> None:
+        """Close runs whose scheduler or session is gone as crashes (see store.Abandoned)."""
+        assert self.store is not None
         if not found:
             return
         now = self.clock.now()
@@ -485,11 +490,11 @@ class Scheduler:
                                                             self.settings.max_workers)
             log.info("scheduler instance %s started (max_workers=%s)", self.instance_id, self.settings.max_workers)
         else:
-            assert self.instance_id is not None
-            self.store.heartbeat(self.instance_id, self.settings.max_workers)
             log.info("reconnected to the database")
+        assert self.instance_id is not None
+        found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after)
         self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
-        self._close_abandoned(startup=first)
+        self._close_abandoned(found, startup=first)
         self.dirty = True
 
     def _check_standby(self) -> None:
@@ -585,11 +590,16 @@ class Scheduler:
                     self.store.stop_instance(self.instance_id)
             self._statements_done += self.store.statements
             self.store.close()
+            self.store = None
         self._selector.close()
-        # Each scheduler statement is its own transaction (autocommit).
-        per_run = self._statements_done / self.runs_ended if self.runs_ended else 0.0
-        log.info("scheduler stopped: runs_started=%d runs_ended=%d scheduler_transactions=%d per_run=%.2f",
-                 self.runs_started, self.runs_ended, self._statements_done, per_run)
+        self.log_stats("scheduler stopped")
+
+    def log_stats(self, what: str) -> None:
+        """One line of counters (also on SIGUSR1). Each scheduler statement is one transaction."""
+        statements = self._statements_done + (self.store.statements if self.store is not None else 0)
+        per_run = statements / self.runs_ended if self.runs_ended else 0.0
+        log.info("%s: runs_started=%d runs_ended=%d running=%d scheduler_transactions=%d per_run=%.2f",
+                 what, self.runs_started, self.runs_ended, len(self.runs), statements, per_run)
 
 
 def _first_line(e: BaseException) -> str:

@@ -156,12 +156,17 @@ class Store:
         self.clock.anchor(row["db_now"])
         return int(row["instance_id"])
 
-    def heartbeat(self, instance_id: int, max_workers: int) -> None:
-        row = self._execute(
-            "SELECT pgsched._instance_heartbeat(%s, %s) AS t", (instance_id, max_workers)
-        ).fetchone()
-        if row and row["t"]:
-            self.clock.anchor(row["t"])
+    def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta) -> list[Abandoned]:
+        """Renew this instance's heartbeat and find runs abandoned by dead ones: one statement."""
+        rows = self._execute(
+            """SELECT a.*, h.t AS heartbeat_at
+                 FROM pgsched._instance_heartbeat(%s, %s) AS h(t)
+                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s) a ON true""",
+            (instance_id, max_workers, instance_id, dead_after),
+        ).fetchall()
+        if rows and rows[0]["heartbeat_at"]:
+            self.clock.anchor(rows[0]["heartbeat_at"])
+        return [_abandoned_from_row(r) for r in rows if r["run_id"] is not None]
 
     def stop_instance(self, instance_id: int) -> None:
         self._execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
@@ -271,21 +276,8 @@ class Store:
         self._execute("SELECT pgsched._set_terminating(%s)", (run_id,))
 
     def abandoned(self, instance_id: int, dead_after: timedelta) -> list[Abandoned]:
-        out = []
-        for row in self._execute("SELECT * FROM pgsched._abandoned_runs(%s, %s)", (instance_id, dead_after)):
-            sched: Schedule | None = None
-            problem = None
-            try:
-                sched = schedule_from_row(row)
-            except (schedule.ScheduleError, ValueError) as e:
-                problem = f"invalid schedule in the catalog: {e}"
-            out.append(Abandoned(
-                run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"],
-                backend_pid=row["backend_pid"], backend_app=row["backend_app"],
-                consecutive_crashes=row["consecutive_crashes"], schedule=sched,
-                retry_period=timedelta(seconds=row["retry_period_s"]), problem=problem,
-            ))
-        return out
+        rows = self._execute("SELECT * FROM pgsched._abandoned_runs(%s, %s)", (instance_id, dead_after))
+        return [_abandoned_from_row(r) for r in rows]
 
     def missing_runs(self, run_ids: Sequence[int]) -> set[int]:
         if not run_ids:
@@ -314,3 +306,18 @@ def _job_from_row(row: dict[str, Any]) -> Job:
 
 def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.isoformat()
+
+
+def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
+    sched: Schedule | None = None
+    problem = None
+    try:
+        sched = schedule_from_row(row)
+    except (schedule.ScheduleError, ValueError) as e:
+        problem = f"invalid schedule in the catalog: {e}"
+    return Abandoned(
+        run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"],
+        backend_pid=row["backend_pid"], backend_app=row["backend_app"],
+        consecutive_crashes=row["consecutive_crashes"], schedule=sched,
+        retry_period=timedelta(seconds=row["retry_period_s"]), problem=problem,
+    )

@@ -519,3 +519,29 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
     assert "promoted" in s.log()
     # The primary never saw a run: the standby's scheduler wrote only to the promoted server.
     assert history(dsn, job) == []
+
+
+# -- SIGHUP reloads the settings file; SIGUSR1 logs the counters -------------------------------------
+
+def test_sighup_reloads_settings_and_sigusr1_logs_stats(jobs_db: str, serve: ServeFactory, tmp_path: Path) -> None:
+    dsn = jobs_db
+    conf = tmp_path / "pgsched.toml"
+    conf.write_text("max_workers = 2\nheartbeat_interval = 0.2\n")
+    job = add_job(dsn, "'tick', '300 milliseconds'")
+    s = serve(dsn, "--config", str(conf), "--log-format", "json", *FAST)
+    wait_for(lambda: stats(dsn, job)["total_successes"] >= 1, 6, "a run")
+    assert query(dsn, "SELECT max_workers FROM pgsched.instance")[0]["max_workers"] == 2
+    conf.write_text("max_workers = 3\nheartbeat_interval = 0.2\n")
+    s.signal(signal.SIGHUP)
+    wait_for(lambda: query(dsn, "SELECT max_workers FROM pgsched.instance")[0]["max_workers"] == 3 or None,
+             5, "the reloaded max_workers in pgsched.instance")
+    conf.write_text("max_workers = 'many'\n")
+    s.signal(signal.SIGHUP)
+    wait_for(lambda: any("settings not reloaded" in line for line in s.log_lines()) or None, 5, "a refusal")
+    s.signal(signal.SIGUSR1)
+    line = wait_for(lambda: next((x for x in s.log_lines() if '"stats: ' in x), None), 5, "a stats line")
+    counters = dict(p.split("=") for p in json.loads(line)["msg"].split(": ", 1)[1].split())
+    assert int(counters["runs_ended"]) >= 1 and int(counters["scheduler_transactions"]) > 0
+    wait_for(lambda: stats(dsn, job)["total_successes"] >= 3, 6, "runs after the bad reload")
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit(5) == 0
