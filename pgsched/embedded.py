@@ -5,9 +5,10 @@ Owns initdb, start, stop and restart of a throwaway or per-user cluster: the one
 starts for itself. PostgreSQL refuses to run as root, so when we are root the
 server runs as the `postgres` system user and owns its data directory.
 
-The postmaster gets a PYTHONPATH that reaches the pgsched package, so that the
-PL/Python functions in plpython/ import the same schedule code the scheduler uses
-(pgsched.schedule and pgsched.cron need nothing beyond the standard library).
+The postmaster gets a PYTHONPATH with a copy of pgsched's pure schedule modules
+(refreshed at every start, owned by the server's user), so that the PL/Python
+functions in plpython/ import the same schedule code the scheduler uses wherever
+the checkout lives and whatever its permissions.
 """
 
 from __future__ import annotations
@@ -57,11 +58,9 @@ def free_port() -> int:
         return port
 
 
-def plpython_path() -> str:
-    """PYTHONPATH that makes pgsched importable by the server's own Python."""
-    import pgsched
-
-    return str(Path(pgsched.__file__).resolve().parent.parent)
+# The modules PL/Python imports: pure, standard library only. The package's own
+# __init__ is not copied (it exports the application API, which needs psycopg).
+PLPYTHON_MODULES = ("schedule.py", "cron.py")
 
 
 def default_home() -> Path:
@@ -145,7 +144,7 @@ class Cluster:
         if self.running():
             return
         env = dict(os.environ)
-        env["PYTHONPATH"] = plpython_path()
+        env["PYTHONPATH"] = str(self._install_python_modules())
         self._touch_log()
         self._run(
             [str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile),
@@ -195,6 +194,21 @@ class Cluster:
         shutil.rmtree(self.datadir, ignore_errors=True)
 
     # -- internals ----------------------------------------------------------------
+    def _install_python_modules(self) -> Path:
+        import pgsched
+
+        src = Path(pgsched.__file__).resolve().parent
+        base = self.datadir.parent / f"{self.datadir.name}.python"
+        dest = base / "pgsched"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in PLPYTHON_MODULES:
+            shutil.copyfile(src / name, dest / name)
+        (dest / "__init__.py").write_text('"""pgsched\'s schedule code, as the server\'s PL/Python imports it."""\n')
+        for path in (base, dest, dest / "__init__.py", *(dest / n for n in PLPYTHON_MODULES)):
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+            self._chown(path)
+        return base
+
     def _saved_port(self) -> int | None:
         try:
             saved = json.loads((self.datadir.parent / f"{self.datadir.name}.json").read_text())
