@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -39,6 +40,30 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     else:
         click.echo(f"schema version {result.version} is up to date")
     click.echo(f"PL/Python schedule functions: {'installed' if result.plpython else 'not available'}")
+
+
+app_option = click.option(
+    "--app", "apps", multiple=True,
+    help="Importable module (or package) with @pgsched.job handlers; may be given several times.",
+)
+
+
+def _import_apps(apps: tuple[str, ...]) -> None:
+    """Import the app modules now, so a bad declaration stops us before anything is written."""
+    from pgsched import app, pyjob
+
+    if not apps:
+        return
+    # Like other app servers, find the user's modules from the current directory.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    try:
+        pyjob.import_apps(list(apps))
+    except app.JobDeclarationError as e:
+        raise click.ClickException(str(e)) from None
+    except ImportError as e:
+        raise click.ClickException(f"cannot import {e.name or 'an app module'}: {e}") from None
 
 
 def _embedded_dsn() -> str:
@@ -81,16 +106,20 @@ def _embedded_dsn() -> str:
               help="TOML file of settings; SIGHUP re-reads it.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@app_option
 def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | None, crash_wait: float | None,
-          config_file: str | None, log_format: str, log_level: str) -> None:
+          config_file: str | None, log_format: str, log_level: str, apps: tuple[str, ...]) -> None:
     """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
     from pgsched import logs
     from pgsched.config import read_settings_file
     from pgsched.scheduler import Scheduler, Settings
 
     logs.setup(log_format, log_level)
-    cli_values = {k: v for k, v in {"max_workers": max_workers, "shutdown_timeout": shutdown_timeout,
-                                    "crash_wait": crash_wait}.items() if v is not None}
+    _import_apps(apps)
+    cli_values: dict[str, object] = {k: v for k, v in {
+        "max_workers": max_workers, "shutdown_timeout": shutdown_timeout, "crash_wait": crash_wait,
+    }.items() if v is not None}
+    cli_values["apps"] = apps
     try:
         target = resolve_dsn(dsn)
         if target is None:
@@ -107,6 +136,25 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
         scheduler.run()
     except PgschedError as e:
         raise click.ClickException(str(e)) from None
+
+
+@main.command("run")
+@click.argument("job_id", type=int)
+@dsn_option
+@app_option
+def run_cmd(job_id: int, dsn: str | None, apps: tuple[str, ...]) -> None:
+    """Run a job now in this process (Python jobs need their --app), recorded like any run."""
+    from pgsched import pyjob
+
+    _import_apps(apps)
+    target = resolve_dsn(dsn) or ""
+    try:
+        result = pyjob.run_now(target, job_id)
+    except (PgschedError, psycopg.Error) as e:
+        raise click.ClickException(str(e).strip()) from None
+    if not result["ok"]:
+        raise click.ClickException(f"job {job_id} failed: {result.get('message')}")
+    click.echo(f"job {job_id} succeeded" + (f": {result['result']}" if result.get("result") is not None else ""))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Scheduling decisions use the database's time: the claim query compares
 next_start with now() on the server, and the scheduler's own notion of "now"
 is anchored on the server time each round trip returns, advanced by the local
 monotonic clock in between. Several hosts therefore share one clock and a host
-whose wall clock is off does not matter. Tests use FakeClock, which only moves
-when told to.
+whose wall clock is off does not matter. The schedule and state logic never read
+a clock at all (they take `now` as an argument), which is how their tests run
+without sleeping.
 """
 
 from __future__ import annotations
@@ -38,22 +39,3 @@ class DbClock:
     def anchor(self, db_now: datetime) -> None:
         self._db = db_now.astimezone(UTC)
         self._mono = time.monotonic()
-
-
-class FakeClock:
-    """A clock for tests: it stands still until advanced or set."""
-
-    def __init__(self, start: datetime) -> None:
-        self._now = start
-
-    def now(self) -> datetime:
-        return self._now
-
-    def anchor(self, db_now: datetime) -> None:
-        pass
-
-    def advance(self, delta: timedelta) -> None:
-        self._now += delta
-
-    def set(self, when: datetime) -> None:
-        self._now = when

@@ -21,3 +21,7 @@ class MigrationChecksumMismatch(PgschedError):
 
 class ClusterError(PgschedError):
     """The embedded local PostgreSQL could not be created, started or stopped."""
+
+
+class DeployError(PgschedError):
+    """The catalog refused the @pgsched.job declarations of an app (e.g. a name clash)."""

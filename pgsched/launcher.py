@@ -88,10 +88,11 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def launch(dsn: str) -> Worker:
-    """Start one worker process; it reports 'ready' once connected."""
+def launch(dsn: str, apps: tuple[str, ...] = ()) -> Worker:
+    """Start one worker process; it reports 'ready' once connected (and its app modules imported)."""
     env = dict(os.environ)
     env["PGSCHED_WORKER_DSN"] = dsn
+    env["PGSCHED_APP_MODULES"] = ",".join(apps)
     env.pop("PGSCHED_CRASHPOINT", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgsched.worker"],

@@ -32,6 +32,7 @@ after the previous one finished.  Cron is always aligned.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -65,6 +66,7 @@ __all__ = [
     "next_after_failure",
     "next_after_success",
     "parse_cron",
+    "parse_interval",
     "previous_slots",
     "skipped_slots",
     "validate_cron_at",
@@ -105,6 +107,59 @@ class Interval:
         parts += [f"{self.days} day{'s' * (abs(self.days) != 1)}"] if self.days else []
         parts += [clock + (f".{us:06d}" if us else "")] if self.micros or not parts else []
         return " ".join(parts)
+
+
+_UNITS: dict[str, tuple[str, int]] = {}
+for _names, _unit, _factor in (
+    (("microsecond", "microseconds", "us", "usec", "usecs"), "micros", 1),
+    (("millisecond", "milliseconds", "ms", "msec", "msecs"), "micros", 1_000),
+    (("second", "seconds", "s", "sec", "secs"), "micros", 1_000_000),
+    (("minute", "minutes", "m", "min", "mins"), "micros", 60_000_000),
+    (("hour", "hours", "h", "hr", "hrs"), "micros", 3_600_000_000),
+    (("day", "days", "d"), "days", 1),
+    (("week", "weeks", "w"), "days", 7),
+    (("month", "months", "mon", "mons"), "months", 1),
+    (("year", "years", "y", "yr", "yrs"), "months", 12),
+):
+    for _n in _names:
+        _UNITS[_n] = (_unit, _factor)
+_INTERVAL_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d+)?)\s*([a-z]+)|(\d+):(\d{2})(?::(\d{2}(?:\.\d{1,6})?))?)\s*,?", re.I)
+
+
+def parse_interval(text: str) -> Interval:
+    """An interval literal in the subset PostgreSQL and pgsched read alike: '5 minutes',
+    '1 day 02:00:00', '1 month', '90 s'. Fractions of days and months spill as PostgreSQL's do."""
+    form = "an interval such as '30 seconds', '5 minutes', '1 day 02:00:00' or '1 month'"
+    body = text.strip()
+    if body.startswith("@"):
+        body = body[1:]
+    months, days, micros = 0, 0.0, 0.0
+    pos, seen = 0, False
+    while pos < len(body):
+        m = _INTERVAL_TOKEN.match(body, pos)
+        if not m or m.end() == pos:
+            raise ScheduleError("schedule", f"'{text}' is not an interval: expected {form}")
+        pos, seen = m.end(), True
+        if m.group(1) is not None:
+            unit = _UNITS.get(m.group(2).lower())
+            if unit is None:
+                raise ScheduleError("schedule", f"'{text}': unknown unit '{m.group(2)}'; expected {form}")
+            value = float(m.group(1)) * unit[1]
+            if unit[0] == "months":
+                whole = int(value)
+                months += whole
+                days += (value - whole) * 30
+            elif unit[0] == "days":
+                days += value
+            else:
+                micros += value
+        else:
+            micros += (int(m.group(3)) * 3600 + int(m.group(4)) * 60 + float(m.group(5) or 0)) * 1_000_000
+    if not seen:
+        raise ScheduleError("schedule", f"'{text}' is not an interval: expected {form}")
+    whole_days = int(days)
+    micros += (days - whole_days) * 86_400_000_000
+    return Interval(months, whole_days, round(micros))
 
 
 def zone(name: str | None) -> ZoneInfo:

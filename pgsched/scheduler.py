@@ -24,10 +24,10 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from pgsched import __version__, launcher, schedule
+from pgsched import __version__, app, launcher, schedule
 from pgsched.clock import Clock, DbClock
 from pgsched.config import redact
-from pgsched.errors import SchemaVersionMismatch
+from pgsched.errors import DeployError, SchemaVersionMismatch
 from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.model import Run
@@ -52,6 +52,9 @@ class Settings:
     # Runs due within this many seconds are claimed early and their worker waits for the
     # plan time, so the claim's latency does not become start lag.
     claim_ahead: float = 0.02
+    # Modules with @pgsched.job handlers: imported by the workers; their jobs are claimed only here
+    # and on other instances that loaded them.
+    apps: tuple[str, ...] = ()
 
 
 class Scheduler:
@@ -76,6 +79,10 @@ class Scheduler:
         self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed
+        self._orphans: list[tuple[int, str]] = []  # (backend pid, application_name) still to terminate
+        self._hold_claims_until = 0.0
+        self._spawn_failures = 0
+        self._spawn_at = 0.0
         self._safety_at = 0.0
         self._heartbeat_at = 0.0
         self._reconnect_at = 0.0
@@ -97,6 +104,12 @@ class Scheduler:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
+    def _stop_overdue(self) -> bool:
+        """Outcomes still unwritten long after the shutdown deadline (the database is gone)."""
+        grace = self.settings.terminate_grace + self.settings.reconnect_max
+        return (self.stopping and self.stop_deadline is not None and not self.runs and bool(self.pending)
+                and time.monotonic() > self.stop_deadline + grace)
+
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         signal.signal(signal.SIGINT, lambda *_: self.request_stop())
@@ -113,6 +126,10 @@ class Scheduler:
                 if until is not None and until():
                     self.request_stop()
                 if self.stopping and not self.runs and not self.pending:
+                    break
+                if self._stop_overdue():
+                    log.error("stopping without writing %d run outcome(s): the database is unreachable; the "
+                              "next scheduler closes those runs as crashes", len(self.pending))
                     break
                 self._tick()
                 self._wait()
@@ -144,7 +161,8 @@ class Scheduler:
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None
-                found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after)
+                found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after,
+                                             self._held())
                 self._heartbeat_at = now_mono + self.settings.heartbeat_interval
                 self._close_abandoned(found, startup=False)
             if self.dirty or now_mono >= self._safety_at:
@@ -176,14 +194,18 @@ class Scheduler:
         now = self.clock.now()
         starts = []
         for job_id, sched, problem in self.store.unplanned():
-            if sched is None:
-                self._disable_bad_job(job_id, problem or "invalid schedule")
-                continue
-            starts.append((job_id, schedule.first_start(sched, now)))
+            if sched is not None:
+                try:
+                    starts.append((job_id, schedule.first_start(sched, now)))
+                    continue
+                except schedule.ScheduleError as e:
+                    problem = f"the schedule has no further start: {e.message}"
+            self._disable_bad_job(job_id, problem or "invalid schedule")
         self.store.plan(starts)
 
     def _disable_bad_job(self, job_id: int, reason: str) -> None:
         assert self.store is not None
+        transition(job_id, JobState.SCHEDULED, JobState.DISABLED, reason)
         log.error("job %s disabled: %s", job_id, reason)
         self.store.disable(job_id, reason)
 
@@ -191,6 +213,8 @@ class Scheduler:
         assert self.store is not None and self.instance_id is not None
         ahead = timedelta(seconds=self.settings.claim_ahead)
         if self.next_due is None or self.next_due > self.clock.now() + ahead:
+            return
+        if time.monotonic() < self._hold_claims_until:
             return
         idle = [w for w in self.workers.values() if w.idle]
         if not idle:
@@ -209,10 +233,14 @@ class Scheduler:
         if claimed:
             self.next_due = next_due
         else:
-            self.dirty = True  # what looked due was taken or moved: ask when the next one is
+            # What looked due was taken, moved or is locked by someone's open transaction:
+            # ask when the next one is, but do not spin on a row we cannot have.
+            self.dirty = True
+            self._hold_claims_until = time.monotonic() + 0.05
         for c in claimed:
             worker = self.workers.get(c.worker_pid or -1)
             if c.run is None or worker is None:
+                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} claimed")
                 self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
                 continue
             self._launch_run(worker, c.run)
@@ -223,10 +251,6 @@ class Scheduler:
         if job.kind == "proc" and job.is_procedure is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist", run=run)
-            return
-        if job.kind == "python":
-            self._fail_unrunnable(run.run_id, job.job_id, "Python jobs are not supported by this scheduler yet",
-                                  run=run)
             return
         if job.max_runtime is not None:
             run.deadline = run.started_at + job.max_runtime
@@ -240,7 +264,9 @@ class Scheduler:
             worker.send({
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
                 "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
-                "command": job.command, "config": job.config, "app": run.app_name,
+                "command": job.command, "config": job.config, "app": run.app_name, "job_name": job.job_name,
+                "code_module": job.code_module, "code_function": job.code_function,
+                "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": "",
                 # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
                 # whatever its own set-up took.
                 "start_at": time.monotonic() + max(0.0, (run.plan_time - self.clock.now()).total_seconds()),
@@ -251,6 +277,7 @@ class Scheduler:
 
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str, run: Run | None = None) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
+        transition(job_id, JobState.STARTING, JobState.DISABLED, reason)
         log.error("job %s cannot run and is disabled: %s", job_id, reason)
         now = self.clock.now()
         self.pending.append(Finish(run_id=run_id, outcome=Outcome.FAILURE, sqlstate="55000", message=reason,
@@ -260,9 +287,11 @@ class Scheduler:
     def _ensure_workers(self) -> None:
         if self.stopping or self.store is None or self.standby:
             return
+        if time.monotonic() < self._spawn_at:
+            return
         live = [w for w in self.workers.values() if not w.retiring]
         for _ in range(self.settings.max_workers - len(live)):
-            w = launcher.launch(self.settings.dsn)
+            w = launcher.launch(self.settings.dsn, self.settings.apps)
             self.workers[w.pid] = w
             self._selector.register(w.proc.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
 
@@ -279,6 +308,7 @@ class Scheduler:
         kind = ev.get("event")
         if kind == "ready":
             worker.ready = True
+            self._spawn_failures = 0
             worker.backend_pid = int(str(ev["backend_pid"]))
             self.dirty = self.dirty or self.next_due is not None
             if not self._announced_ready and all(w.ready for w in self.workers.values()):
@@ -306,18 +336,24 @@ class Scheduler:
             if ev.get("lost") or run.forced:
                 worker.retiring = True
             worker.run = None
-            self._end_run(run, outcome, sqlstate, msg)
+            rows = ev.get("rows_affected")
+            self._end_run(run, outcome, sqlstate, msg, rows if isinstance(rows, int) else None,
+                          ev.get("result") if outcome is Outcome.SUCCESS else None)
             if worker.retiring:
                 worker.close_stdin()
         elif kind == "lost":
             worker.retiring = True  # its connection died after its run ended: replace it
         elif kind == "error":
-            log.error("worker %s could not start: %s", worker.pid, ev.get("message"))
+            # Typically the connection limit: back off rather than respawn in a loop.
+            self._spawn_failures += 1
+            delay = min(0.2 * 2 ** self._spawn_failures, 10.0) * self.rng.uniform(0.8, 1.2)
+            self._spawn_at = time.monotonic() + delay
+            log.error("worker %s could not start (retrying in %.1fs): %s", worker.pid, delay, ev.get("message"))
 
     def _reap(self, worker: Worker) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(worker.proc.stdout)  # type: ignore[arg-type]
-        code = launcher.reap(worker)
+        code = launcher.reap(worker, timeout=1.0)
         self.workers.pop(worker.pid, None)
         run = worker.run
         if run is None:
@@ -340,12 +376,25 @@ class Scheduler:
         return "cancelled by scheduler shutdown" + (f" ({detail})" if detail else "")
 
     def _terminate_backend(self, run: Run) -> None:
-        if run.backend_pid and self.store is not None:
-            with contextlib.suppress(psycopg.Error):
-                self.store.signal_backend(run.backend_pid, terminate=True)
+        """Terminate the run's backend (an orphan once its worker is gone); retried after a reconnect."""
+        if run.backend_pid:
+            self._orphans.append((run.backend_pid, run.app_name))
+        self._terminate_orphans()
+
+    def _terminate_orphans(self) -> None:
+        if self.store is None:
+            return
+        while self._orphans:
+            pid, app = self._orphans[0]
+            try:
+                self.store.terminate_run_backend(pid, app)
+            except psycopg.OperationalError:
+                return  # the connection is gone: kept, and tried again after reconnecting
+            self._orphans.pop(0)
 
     # -- ends of runs -------------------------------------------------------------------
-    def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None) -> None:
+    def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None,
+                 rows_affected: int | None = None, result: object = None) -> None:
         self.runs.pop(run.run_id, None)
         self.runs_ended += 1
         finish = self.clock.now()
@@ -353,18 +402,24 @@ class Scheduler:
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
                          consecutive_failures=run.consecutive_failures,
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
-        skipped = schedule.skipped_slots(job.schedule, plan_time=run.plan_time, finish=finish)
+        try:
+            skipped = schedule.skipped_slots(job.schedule, plan_time=run.plan_time, finish=finish)
+        except schedule.ScheduleError:
+            skipped = (0, None, None)
         current = JobState.TERMINATING if run.forced else JobState.STARTING
         transition(job.job_id, current, end.next_state, f"run {run.run_id} ended: {outcome}")
         if end.disable_reason:
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
+            # The history row says why this was the last run, besides the job's own error.
+            message = f"{message} [{end.disable_reason}]" if message else end.disable_reason
         log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
                  (finish - run.started_at).total_seconds(), f" error={message!r}" if message else "")
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=skipped,
+            rows_affected=rows_affected, result=result,
         ))
-        if self.next_due is None or end.next_start < self.next_due:
+        if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start
 
     def _flush(self) -> None:
@@ -405,7 +460,7 @@ class Scheduler:
         try:
             self.store.set_terminating(run.run_id)
             if run.backend_pid:
-                self.store.signal_backend(run.backend_pid, terminate=False)
+                self.store.cancel_backend(run.backend_pid)
         except psycopg.OperationalError as e:
             self._lost_connection(e)
 
@@ -418,6 +473,10 @@ class Scheduler:
                 self._stop_run(run, Outcome.CANCELLED)
 
     # -- crashes found in the catalog -------------------------------------------------
+    def _held(self) -> list[int]:
+        """Runs this process has in hand: running, or ended with the end not yet written."""
+        return [*self.runs, *(f.run_id for f in self.pending)]
+
     @property
     def _dead_after(self) -> timedelta:
         return timedelta(seconds=self.settings.dead_after)
@@ -434,16 +493,26 @@ class Scheduler:
     def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
         assert self.store is not None
         # The backend may still be executing the run's query: an orphan nobody will ever read.
-        if a.backend_pid and a.backend_app == f"pgsched job {a.job_id} run {a.run_id}":
+        app = f"pgsched job {a.job_id} run {a.run_id}"
+        if a.backend_pid and a.backend_app == app:
             log.warning("terminating orphan backend %s of run %s (job %s)", a.backend_pid, a.run_id, a.job_id)
-            self.store.signal_backend(a.backend_pid, terminate=True)
+            self.store.terminate_run_backend(a.backend_pid, app)
         log.warning("run %s of job %s was abandoned by its scheduler or session: recorded as a crash",
                     a.run_id, a.job_id)
-        if a.schedule is None:
-            return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=a.problem,
-                          next_start=None, finished_at=now, disable_reason=a.problem)
-        nxt = schedule.next_after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
-                                        retry_period=a.retry_period, rng=self.rng)
+        problem = a.problem
+        nxt: datetime | None = None
+        if a.schedule is not None:
+            try:
+                nxt = schedule.next_after_crash(a.schedule, plan_time=a.plan_time, now=now,
+                                                crashes=a.consecutive_crashes, retry_period=a.retry_period,
+                                                rng=self.rng)
+            except schedule.ScheduleError as e:
+                problem = f"the schedule has no further start: {e.message}"
+        if nxt is None:
+            transition(a.job_id, JobState.STARTING, JobState.DISABLED, problem or "no next start")
+            return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=problem,
+                          next_start=None, finished_at=now, disable_reason=problem)
+        transition(a.job_id, JobState.STARTING, JobState.SCHEDULED, f"run {a.run_id} abandoned: crash")
         if startup:
             nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
         return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None,
@@ -453,7 +522,7 @@ class Scheduler:
     # -- connection ---------------------------------------------------------------------
     def _connect(self, *, startup: bool) -> None:
         try:
-            store = Store(self.settings.dsn, self.clock)
+            store = Store(self.settings.dsn, self.clock, code_modules=self.settings.apps)
         except psycopg.OperationalError as e:
             if startup and self._reconnect_delay == 0.2:
                 log.warning("cannot connect to %s: %s", redact(self.settings.dsn), _first_line(e))
@@ -474,7 +543,7 @@ class Scheduler:
                 self._safety_at = time.monotonic() + self.settings.standby_poll
                 return
             self._become_active(first=self.instance_id is None)
-        except SchemaVersionMismatch:
+        except (SchemaVersionMismatch, DeployError):
             store.close()
             raise
         except psycopg.OperationalError as e:
@@ -485,6 +554,8 @@ class Scheduler:
         self.standby = False
         if not self.store.listening:  # connected while the server was a standby
             self.store.listen()
+        if first and self.settings.apps:
+            self._deploy()
         if first:
             self.instance_id = self.store.register_instance(socket.gethostname(), os.getpid(), __version__,
                                                             self.settings.max_workers)
@@ -492,10 +563,25 @@ class Scheduler:
         else:
             log.info("reconnected to the database")
         assert self.instance_id is not None
-        found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after)
+        self._terminate_orphans()
+        found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after, self._held())
         self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
         self._close_abandoned(found, startup=first)
         self.dirty = True
+
+    def _deploy(self) -> None:
+        """Write the @pgsched.job declarations of our app modules to the catalog (one transaction)."""
+        assert self.store is not None
+        specs = [s.catalog_row() for s in app.registered(list(self.settings.apps))]
+        try:
+            deployed = self.store.deploy(self.settings.apps, specs)
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as e:
+            raise DeployError(f"cannot deploy the jobs of {', '.join(self.settings.apps)}: {_first_line(e)}") from None
+        for job_id, name, action in deployed:
+            log.log(logging.INFO if action != "unchanged" else logging.DEBUG, "deploy: job %s (%s) %s",
+                    job_id, name, action)
 
     def _check_standby(self) -> None:
         assert self.store is not None
@@ -541,7 +627,8 @@ class Scheduler:
             candidates.append(self._reconnect_at - now_mono)
         now = self.clock.now()
         if self.next_due is not None and any(w.idle for w in self.workers.values()) and not self.stopping:
-            candidates.append((self.next_due - now).total_seconds() - self.settings.claim_ahead)
+            due_in = (self.next_due - now).total_seconds() - self.settings.claim_ahead
+            candidates.append(max(due_in, self._hold_claims_until - now_mono))
         for run in self.runs.values():
             for t in (run.deadline if run.forced is None else None, run.terminate_at):
                 if t is not None:
@@ -592,6 +679,8 @@ class Scheduler:
             self.store.close()
             self.store = None
         self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
         self.log_stats("scheduler stopped")
 
     def log_stats(self, what: str) -> None:

@@ -63,7 +63,9 @@ def transition(job_id: int, current: JobState, to: JobState, why: str) -> JobSta
     """The one place a job's state changes."""
     if to not in ALLOWED[current]:
         raise IllegalTransition(f"job {job_id}: {current} -> {to} is not allowed ({why})")
-    log.debug("job %s: %s -> %s (%s)", job_id, current, to, why)
+    # The routine pair (a run starts, a run ends) is in the run start/end log lines already.
+    routine = (current, to) in ((JobState.SCHEDULED, JobState.STARTING), (JobState.STARTING, JobState.SCHEDULED))
+    log.log(logging.DEBUG if routine else logging.INFO, "job %s: %s -> %s (%s)", job_id, current, to, why)
     return to
 
 
@@ -72,7 +74,7 @@ class RunEnd:
     """What closing a run writes besides its outcome."""
 
     outcome: Outcome
-    next_start: datetime
+    next_start: datetime | None  # None: keep the stored one (the job is being disabled)
     next_state: JobState
     disable_reason: str | None = None
 
@@ -90,8 +92,28 @@ def end_of_run(
 ) -> RunEnd:
     """Next start and state after a run of `job` ended with `outcome` at `finish`.
 
-    consecutive_failures / consecutive_crashes are the counters before this run.
+    consecutive_failures / consecutive_crashes are the counters before this run. A
+    schedule that has no further start (a cron whose years are over) disables the job.
     """
+    try:
+        return _end_of_run(job, outcome=outcome, plan_time=plan_time, finish=finish,
+                           consecutive_failures=consecutive_failures, consecutive_crashes=consecutive_crashes,
+                           message=message, rng=rng)
+    except schedule.ScheduleError as e:
+        return RunEnd(outcome, None, JobState.DISABLED, f"the schedule has no further start: {e.message}")
+
+
+def _end_of_run(
+    job: Job,
+    *,
+    outcome: Outcome,
+    plan_time: datetime,
+    finish: datetime,
+    consecutive_failures: int,
+    consecutive_crashes: int,
+    message: str | None,
+    rng: random.Random,
+) -> RunEnd:
     s = job.schedule
     if outcome is Outcome.SUCCESS or outcome is Outcome.CANCELLED:
         nxt = schedule.next_after_success(s, plan_time=plan_time, finish=finish)

@@ -1,10 +1,10 @@
 """The scheduler's database access: the only module that talks SQL.
 
 Every statement here calls a named function from sql/api/ (40_scheduler.sql,
-20_runs.sql), so each piece of SQL has one home. The connection is autocommit:
-a single call is its own transaction, and the few multi-statement writes use an
-explicit transaction. The store anchors the scheduler's clock on the database
-time its queries return.
+20_runs.sql, 60_code_jobs.sql), so each piece of SQL has one home. The
+connection is autocommit: every call is its own transaction (closing runs and
+claiming new ones share one pipelined round trip, still two transactions). The
+store anchors the scheduler's clock on the database time its queries return.
 """
 
 from __future__ import annotations
@@ -92,9 +92,12 @@ class Abandoned:
 class Store:
     """One autocommit connection: LISTEN, claims, run closes, instance heartbeats."""
 
-    def __init__(self, dsn: str, clock: Clock, *, application_name: str = "pgsched scheduler") -> None:
+    def __init__(self, dsn: str, clock: Clock, *, application_name: str = "pgsched scheduler",
+                 code_modules: Sequence[str] = ()) -> None:
         self.dsn = dsn
         self.clock = clock
+        # Python jobs of these modules may be claimed here; others belong to instances that loaded them.
+        self.code_modules = list(code_modules)
         self.conn: psycopg.Connection[dict[str, Any]] = psycopg.connect(
             dsn, autocommit=True, row_factory=dict_row, application_name=application_name
         )
@@ -133,10 +136,6 @@ class Store:
         if not self.conn.closed:
             self.conn.close()
 
-    @property
-    def broken(self) -> bool:
-        return self.conn.closed or self.conn.broken
-
     def fileno(self) -> int:
         return self.conn.fileno()
 
@@ -156,17 +155,26 @@ class Store:
         self.clock.anchor(row["db_now"])
         return int(row["instance_id"])
 
-    def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta) -> list[Abandoned]:
-        """Renew this instance's heartbeat and find runs abandoned by dead ones: one statement."""
+    def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta,
+                  held: Sequence[int]) -> list[Abandoned]:
+        """Renew this instance's heartbeat and find abandoned runs (see _abandoned_runs): one statement.
+
+        `held` are the runs this process has in hand (running or ended but not yet written).
+        """
         rows = self._execute(
             """SELECT a.*, h.t AS heartbeat_at
                  FROM pgsched._instance_heartbeat(%s, %s) AS h(t)
-                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s) a ON true""",
-            (instance_id, max_workers, instance_id, dead_after),
+                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s) a ON true""",
+            (instance_id, max_workers, instance_id, dead_after, list(held)),
         ).fetchall()
         if rows and rows[0]["heartbeat_at"]:
             self.clock.anchor(rows[0]["heartbeat_at"])
         return [_abandoned_from_row(r) for r in rows if r["run_id"] is not None]
+
+    def deploy(self, modules: Sequence[str], specs: Sequence[dict[str, Any]]) -> list[tuple[int, str, str]]:
+        """Write the code jobs of `modules` to the catalog (see 60_code_jobs.sql): (job_id, name, action)."""
+        rows = self._execute("SELECT * FROM pgsched._deploy_code_jobs(%s, %s)", (list(modules), Jsonb(list(specs))))
+        return [(r["job_id"], r["job_name"], r["action"]) for r in rows]
 
     def stop_instance(self, instance_id: int) -> None:
         self._execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
@@ -194,7 +202,7 @@ class Store:
 
     # -- planning -------------------------------------------------------------
     def next_due(self) -> tuple[datetime | None, bool]:
-        row = self._execute("SELECT * FROM pgsched._next_due()").fetchone()
+        row = self._execute("SELECT * FROM pgsched._next_due(%s)", (self.code_modules,)).fetchone()
         assert row is not None
         self.clock.anchor(row["db_now"])
         return row["next_due"], bool(row["unplanned"])
@@ -231,8 +239,8 @@ class Store:
             if finishing:
                 self._finish_cursor(finishing)
             cur = self._execute(
-                "SELECT * FROM pgsched._claim(%s, %s, %s, %s)",
-                (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead),
+                "SELECT * FROM pgsched._claim(%s, %s, %s, %s, %s)",
+                (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
             )
         rows = cur.fetchall()
         if rows:
@@ -275,19 +283,19 @@ class Store:
     def set_terminating(self, run_id: int) -> None:
         self._execute("SELECT pgsched._set_terminating(%s)", (run_id,))
 
-    def abandoned(self, instance_id: int, dead_after: timedelta) -> list[Abandoned]:
-        rows = self._execute("SELECT * FROM pgsched._abandoned_runs(%s, %s)", (instance_id, dead_after))
-        return [_abandoned_from_row(r) for r in rows]
-
     def missing_runs(self, run_ids: Sequence[int]) -> set[int]:
         if not run_ids:
             return set()
         rows = self._execute("SELECT * FROM pgsched._missing_runs(%s) AS r", (list(run_ids),)).fetchall()
         return {int(r["r"]) for r in rows}
 
-    def signal_backend(self, pid: int, *, terminate: bool) -> bool:
-        fn = "pg_terminate_backend" if terminate else "pg_cancel_backend"
-        row = self._execute(f"SELECT {fn}(%s) AS ok", (pid,)).fetchone()
+    def cancel_backend(self, pid: int) -> bool:
+        row = self._execute("SELECT pg_cancel_backend(%s) AS ok", (pid,)).fetchone()
+        return bool(row and row["ok"])
+
+    def terminate_run_backend(self, pid: int, app: str) -> bool:
+        """Terminate `pid` if its application_name is still `app` (the run it ran)."""
+        row = self._execute("SELECT pgsched._terminate_run_backend(%s, %s) AS ok", (pid, app)).fetchone()
         return bool(row and row["ok"])
 
 

@@ -32,6 +32,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgsched import pyjob
+
 EXIT_OK = 0
 EXIT_CONNECT = 3
 EXIT_LOST = 4
@@ -81,27 +83,46 @@ def _session_settings(msg: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any]) -> dict[str, Any]:
+def _wait_for_start(msg: dict[str, Any]) -> None:
+    # Claimed a little ahead of its plan time: start on the dot, not early.
+    delay = float(msg.get("start_at") or 0) - time.monotonic()
+    if delay > 0:
+        time.sleep(min(delay, 1.0))
+
+
+def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob.Heartbeat) -> dict[str, Any]:
     """Execute one run; the result message for the parent."""
     result: dict[str, Any] = {"event": "done", "run_id": msg["run_id"], "ok": True}
     settings = _session_settings(msg)
     setters = sql.SQL(", ").join(
         sql.SQL("pg_catalog.set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings
     )
+    if msg["kind"] == "python":
+        try:
+            conn.execute(sql.SQL("SELECT {}").format(setters))
+        except psycopg.Error as e:
+            result.update(ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
+                          message=(e.diag.message_primary or str(e))[:MAX_MESSAGE])
+            return result
+        _wait_for_start(msg)
+        return pyjob.run(conn, msg, heartbeat)
     try:
         stmt, params = job_statement(msg)
         inline = msg["kind"] == "proc" and not msg["is_procedure"]
         if not inline:
             # CALL and command text cannot carry the set-up: it takes its own round trip.
             conn.execute(sql.SQL("SELECT {}").format(setters))
-        # Claimed a little ahead of its plan time: start on the dot, not early.
-        delay = float(msg.get("start_at") or 0) - time.monotonic()
-        if delay > 0:
-            time.sleep(min(delay, 1.0))
+        _wait_for_start(msg)
         if inline:
             # One round trip for a function job: the set-up is evaluated before the call.
             stmt = sql.SQL("SELECT {}, {}").format(setters, _call(msg))
         conn.execute(stmt, params)
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            # A command like 'BEGIN; UPDATE ...' left its transaction open: nothing of it is
+            # committed, and the session must be clean for the next run.
+            conn.execute("ROLLBACK")
+            result.update(ok=False, sqlstate="25001",
+                          message="the job left a transaction open (BEGIN without COMMIT); it was rolled back")
     except psycopg.Error as e:
         lost = conn.closed or conn.broken
         result.update(ok=False, sqlstate=e.sqlstate, lost=lost,
@@ -135,6 +156,12 @@ def main() -> int:
     except psycopg.Error as e:
         _emit(out, {"event": "error", "message": str(e)[:MAX_MESSAGE]})
         return EXIT_CONNECT
+    try:
+        pyjob.import_apps([m for m in os.environ.get("PGSCHED_APP_MODULES", "").split(",") if m])
+    except Exception as e:
+        _emit(out, {"event": "error", "message": f"cannot import the app modules: {pyjob.describe(e)}"})
+        return EXIT_CONNECT
+    heartbeat = pyjob.Heartbeat(dsn)
     info = conn.execute("SELECT pg_backend_pid(), session_user").fetchone()
     assert info is not None
     backend_pid, session_user = info
@@ -142,7 +169,7 @@ def main() -> int:
     for line in _requests(conn):
         msg = json.loads(line)
         msg["session_user"] = session_user
-        result = run_one(conn, msg)
+        result = run_one(conn, msg, heartbeat)
         # Report first, then reset: the reset overlaps the parent's bookkeeping.
         _emit(out, result)
         if result.get("lost"):

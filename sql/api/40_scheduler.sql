@@ -2,6 +2,14 @@
 -- statement), the instance registry, finding runs nobody will finish, and the
 -- skipped-slot record. Closing a run is pgsched._mark_end (20_runs.sql).
 
+-- Whether this instance may claim a job: SQL jobs always, Python jobs only
+-- where their module is loaded (an instance without it must not wake for them).
+CREATE OR REPLACE FUNCTION pgsched._claimable(kind text, code_module text, code_modules text[])
+RETURNS boolean LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT kind <> 'python' OR code_module = ANY (code_modules)
+$$;
+
 -- Claim up to cardinality(worker_pids) due jobs, most overdue first, and mark
 -- their start: each gets a 'running' job_run row carrying the worker that will
 -- run it, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED
@@ -14,7 +22,7 @@
 -- worker that waits for the plan time, so the claim's own latency does not
 -- delay the start. Such a run's started_at is its plan time.
 CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
-                                          ahead interval DEFAULT interval '0')
+                                          ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at timestamptz, lease_token bigint,
                worker_pid integer, backend_pid integer, consecutive_failures integer,
                consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
@@ -27,11 +35,12 @@ SET search_path = pg_catalog, pg_temp AS $$
     WITH due AS (
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
-          FROM (SELECT * FROM pgsched.job_stat s
+          FROM (SELECT s.* FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= now() + ahead
+                   AND pgsched._claimable(jj.kind, jj.code_module, code_modules)
                  ORDER BY s.next_start, s.job_id
                  LIMIT cardinality(worker_pids)
-                   FOR UPDATE SKIP LOCKED) s
+                   FOR UPDATE OF s SKIP LOCKED) s
     ), runs AS (
         INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
                                           instance_id, lease_token, heartbeat_at)
@@ -65,9 +74,11 @@ SET search_path = pg_catalog, pg_temp AS $$
            j.max_retries, extract(epoch FROM j.retry_period)::float8,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index).
-           (SELECT min(s2.next_start) FROM pgsched.job_stat s2
+           (SELECT s2.next_start FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
              WHERE s2.state = 'scheduled' AND s2.next_start IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)),
+               AND pgsched._claimable(j2.kind, j2.code_module, code_modules)
+               AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
+             ORDER BY s2.next_start LIMIT 1),
            clock_timestamp()
       FROM runs r
       JOIN due d ON d.job_id = r.job_id
@@ -110,11 +121,15 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM u
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._next_due()
+CREATE OR REPLACE FUNCTION pgsched._next_due(code_modules text[] DEFAULT '{}')
 RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT (SELECT min(s.next_start) FROM pgsched.job_stat s WHERE s.state = 'scheduled'),
+    -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
+    SELECT (SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
+             WHERE s.state = 'scheduled' AND s.next_start IS NOT NULL
+               AND pgsched._claimable(j.kind, j.code_module, code_modules)
+             ORDER BY s.next_start LIMIT 1),
            EXISTS (SELECT 1 FROM pgsched.job_stat s WHERE s.state = 'scheduled' AND s.next_start IS NULL),
            clock_timestamp()
 $$;
@@ -174,12 +189,13 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Runs that nobody will finish: their scheduler stopped, died or stopped
--- heartbeating (dead_after), or, for run_job, the calling session is gone.
+-- heartbeating (dead_after), or, for run_job, the calling session is gone, or
+-- they are the caller's own but not among the runs it holds.
 -- backend_app is the application_name of the run's backend if it still exists:
 -- the caller terminates it only when that still names this run.
 -- The caller closes each as a crash (the counters were already raised at
 -- mark_start) and terminates any backend still executing it.
-CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval)
+CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, held bigint[])
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, backend_pid integer,
                backend_app text, consecutive_crashes integer, schedule text, months integer,
                days integer, micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text,
@@ -199,7 +215,9 @@ SET search_path = pg_catalog, pg_temp AS $$
        AND CASE
              WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
                  NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = r.backend_pid)
-             WHEN r.instance_id = self_id THEN false
+             -- Our own runs that we do not hold: a claim whose reply was lost, or a
+             -- close lost with the server (the scheduler commits asynchronously).
+             WHEN r.instance_id = self_id THEN r.run_id <> ALL (held)
              -- A scheduler's connection closes when its process dies, so a vanished
              -- backend is the fast signal; the heartbeat covers a hung or partitioned one.
              ELSE i.instance_id IS NULL OR i.stopped_at IS NOT NULL OR i.heartbeat_at < now() - dead_after
@@ -249,4 +267,13 @@ BEGIN
         END IF;
     END LOOP;
 END
+$$;
+
+-- Terminate a backend only if it still runs what we think it runs: its pid may
+-- have been reused since.
+CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(pid integer, app text)
+RETURNS boolean LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a
+                      WHERE a.pid = _terminate_run_backend.pid AND a.application_name = app), false)
 $$;

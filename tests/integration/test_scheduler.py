@@ -82,7 +82,10 @@ def test_failure_backoff_max_retries_disable_and_reenable(db: str, jobs: Conn) -
     rows = jobs.execute("SELECT started_at, finished_at, outcome, sqlstate, message FROM job_history "
                         "WHERE job_id = %s ORDER BY run_id", (j,)).fetchall()
     assert [r[2] for r in rows] == ["failure"] * 3
-    assert all(r[3] == "22012" and r[4] == f"fail {j}" for r in rows)
+    assert all(r[3] == "22012" for r in rows)
+    assert [r[4] for r in rows[:2]] == [f"fail {j}"] * 2
+    # The last run's history row also says why it was the last one.
+    assert rows[2][4].startswith(f"fail {j} [disabled after 3 consecutive failures (max_retries = 2)")
     # Backoff: 200 ms then 400 ms (each within the +-10 % jitter, plus scheduling slack).
     gaps = [(rows[i + 1][0] - rows[i][1]).total_seconds() for i in range(2)]
     assert 0.18 <= gaps[0] <= 0.35 and 0.36 <= gaps[1] <= 0.6, gaps
@@ -195,3 +198,66 @@ def test_direct_insert_gets_its_interval_and_runs(db: str, jobs: Conn) -> None:
     serve(db, lambda: one(jobs, "SELECT count(*) FROM hits WHERE job_id = 7") >= 2)
     st = jobs.execute("SELECT s.state, s.disabled_reason FROM job_stats s WHERE job_name = 'junk'").fetchone()
     assert st is not None and st[0] == "disabled" and "neither an interval nor a cron" in st[1]
+
+
+def run_scheduler(dsn: str, until: Callable[[Scheduler], bool], timeout: float = 20.0, **settings: Any) -> Scheduler:
+    """Like serve(), but the condition sees the scheduler (and the scheduler is returned)."""
+    deadline = time.monotonic() + timeout
+    opts: dict[str, Any] = {"max_workers": 2, "crash_wait": 1.0, "safety_interval": 0.2, **settings}
+    sched = Scheduler(Settings(dsn=dsn, **opts))
+    sched.run(until=lambda: until(sched) or time.monotonic() > deadline)
+    return sched
+
+
+def test_a_cron_that_runs_out_of_firings_disables_only_that_job(db: str, jobs: Conn) -> None:
+    at = one(jobs, "SELECT date_trunc('second', now()) + interval '2 seconds'")
+    once = f"{at.second} {at.minute} {at.hour} {at.day} {at.month} * {at.year}"  # fires once, then never
+    last = one(jobs, "SELECT schedule('once', %s, 'INSERT INTO hits VALUES (-7)')", once)
+    ok = one(jobs, "SELECT add_job('hit', '300 milliseconds')")
+    serve(db, lambda: one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", last) == "disabled"
+          and runs_of(jobs, ok, "success") >= 3)
+    st = jobs.execute("SELECT total_successes, disabled_reason FROM job_stats WHERE job_id = %s", (last,)).fetchone()
+    assert st is not None and st[0] == 1 and "no further start" in st[1]
+    assert one(jobs, "SELECT count(*) FROM hits WHERE job_id = -7") == 1
+    assert one(jobs, "SELECT sum(total_failures + total_crashes) FROM job_stats") == 0
+
+
+def test_own_run_that_is_not_held_is_closed_as_a_crash(db: str, jobs: Conn) -> None:
+    # As if a claim committed but its reply was lost: a 'running' row of this very instance.
+    j = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 hour')")
+    planted: list[int] = []
+
+    def plant_then_wait(sched: Scheduler) -> bool:
+        if not planted and sched.instance_id is not None:
+            planted.append(one(jobs, "SELECT pgsched._mark_start(%s, now(), 'schedule', NULL, NULL, %s)",
+                               j, sched.instance_id))
+        return bool(planted) and one(jobs, "SELECT outcome FROM pgsched.job_run WHERE run_id = %s",
+                                     planted[0]) != "running"
+
+    run_scheduler(db, plant_then_wait, heartbeat_interval=0.2)
+    assert one(jobs, "SELECT outcome FROM job_history WHERE run_id = %s", planted[0]) == "crash"
+    st = jobs.execute("SELECT state, total_crashes, consecutive_crashes FROM job_stats WHERE job_id = %s",
+                      (j,)).fetchone()
+    assert st == ("scheduled", 1, 1)
+
+
+def test_a_locked_due_row_does_not_make_the_scheduler_spin(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('hit', '1 hour')")
+    with psycopg.connect(db) as locker:
+        locker.execute("SELECT 1 FROM pgsched.job_stat WHERE job_id = %s FOR UPDATE", (j,))
+        t0 = time.monotonic()
+        sched = run_scheduler(db, lambda s: time.monotonic() - t0 > 1.5)
+        locker.rollback()
+    # Without the hold after an empty claim this loop sends thousands of statements a second.
+    assert sched._statements_done < 100, sched._statements_done
+    assert runs_of(jobs, j) == 0
+
+
+def test_a_job_that_leaves_a_transaction_open_fails_and_the_worker_stays_clean(db: str, jobs: Conn) -> None:
+    bad = one(jobs, "SELECT schedule('open-tx', '1 hour', 'BEGIN; INSERT INTO hits VALUES (-9)')")
+    ok = one(jobs, "SELECT add_job('hit', '200 milliseconds')")
+    serve(db, lambda: runs_of(jobs, bad) >= 1 and runs_of(jobs, ok, "success") >= 3, max_workers=1)
+    row = jobs.execute("SELECT outcome, sqlstate, message FROM job_history WHERE job_id = %s", (bad,)).fetchone()
+    assert row is not None and row[0] == "failure" and row[1] == "25001" and "transaction open" in row[2]
+    assert one(jobs, "SELECT count(*) FROM hits WHERE job_id = -9") == 0
+    assert runs_of(jobs, ok, "crash") == 0 and runs_of(jobs, ok, "failure") == 0

@@ -1,0 +1,216 @@
+"""Jobs written in Python: the `@pgsched.job` decorator, the registry, and what a handler sees.
+
+Declaring checks everything it can before anything is written: the handler must
+accept one positional argument (the Run), the schedule must parse (an interval
+or a cron expression, with the same rules as SQL jobs), durations must be
+durations. A mistake raises JobDeclarationError naming the function, at import
+time. `pgsched serve --app MODULE` imports the modules, deploys the registered
+jobs to the catalog (deploy.py) and runs them in its workers (worker.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pgsched import schedule
+from pgsched.errors import PgschedError
+
+if TYPE_CHECKING:
+    import psycopg
+
+# A result is stored in the run's history row: it must stay small.
+MAX_RESULT_BYTES = 8192
+
+
+class JobDeclarationError(PgschedError):
+    """A @pgsched.job declaration is invalid; the message names the function."""
+
+
+class LeaseLost(PgschedError):
+    """The run's lease is gone (another scheduler closed or took over the run): stop now."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a handler may return: stored in job_history (rows_affected, result)."""
+
+    rows_affected: int | None = None
+    data: dict[str, Any] | None = None
+
+    def encoded(self) -> tuple[int | None, Any]:
+        """(rows_affected, result) for the history row; an oversized result is replaced by a note."""
+        if self.data is None:
+            return self.rows_affected, None
+        text = json.dumps(self.data, default=str)
+        if len(text.encode()) > MAX_RESULT_BYTES:
+            return self.rows_affected, {"truncated": True, "bytes": len(text.encode()), "limit": MAX_RESULT_BYTES}
+        return self.rows_affected, json.loads(text)
+
+
+@dataclass
+class Run:
+    """What a handler receives: the run's identity, its job's config, a connection and a heartbeat."""
+
+    job_id: int
+    job_name: str
+    run_id: int
+    plan_time: datetime
+    attempt: int
+    scope: str
+    config: Any
+    # Autocommit off: committed when the handler returns, rolled back when it raises.
+    connection: psycopg.Connection[Any]
+    _heartbeat: Callable[[], bool] = field(repr=False, default=lambda: True)
+
+    def heartbeat(self) -> None:
+        """Renew the run's lease; raises LeaseLost when the run is no longer ours."""
+        if not self._heartbeat():
+            raise LeaseLost(f"run {self.run_id} of job {self.job_name!r} lost its lease: stop")
+
+
+Handler = Callable[[Run], "Result | None"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A declared job, as deploy writes it to the catalog."""
+
+    name: str
+    module: str
+    function: str
+    handler: Callable[[Run], Result | None]
+    schedule: str  # canonical text: an interval as PostgreSQL reads it, or the cron expression
+    fixed_schedule: bool
+    timezone: str | None
+    initial_start: datetime | None
+    max_runtime: str | None
+    max_retries: int
+    retry_period: str
+    catch_up: str
+    config: Any
+    scheduled: bool
+
+    def catalog_row(self) -> dict[str, Any]:
+        return {
+            "job_name": self.name, "code_module": self.module, "code_function": self.function,
+            "schedule": self.schedule, "fixed_schedule": self.fixed_schedule, "timezone": self.timezone,
+            "initial_start": self.initial_start.isoformat() if self.initial_start else None,
+            "max_runtime": self.max_runtime, "max_retries": self.max_retries, "retry_period": self.retry_period,
+            "catch_up": self.catch_up, "config": self.config, "scheduled": self.scheduled,
+        }
+
+
+REGISTRY: dict[str, JobSpec] = {}
+
+
+def registered(modules: list[str] | None = None) -> list[JobSpec]:
+    """The declared jobs (of the given modules), in a stable order."""
+    specs = [s for s in REGISTRY.values() if modules is None or s.module in modules]
+    return sorted(specs, key=lambda s: s.name)
+
+
+def _duration(value: str | timedelta | None, what: str, fn: str, *, allow_none: bool) -> str | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise JobDeclarationError(f"{fn}: {what} must be given")
+    try:
+        iv = schedule.parse_interval(value) if isinstance(value, str) else schedule.Interval.from_timedelta(value)
+    except schedule.ScheduleError as e:
+        raise JobDeclarationError(f"{fn}: {e}") from None
+    if iv.months or iv.days < 0 or iv.micros < 0 or not (iv.days or iv.micros):
+        raise JobDeclarationError(f"{fn}: {what} must be a positive duration such as '2 minutes', not {value!r}")
+    return str(iv)
+
+
+def _check_signature(func: Callable[..., Any], fn: str) -> None:
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        raise JobDeclarationError(f"{fn}: cannot read its signature") from None
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in sig.parameters.values() if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    takes_varargs = any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values())
+    if len(required) > 1 or (not positional and not takes_varargs) or any(p.kind is p.KEYWORD_ONLY
+                                                                          for p in required):
+        raise JobDeclarationError(
+            f"{fn}: a job handler must take exactly one positional argument, the pgsched.Run "
+            f"(def {func.__name__}(run: pgsched.Run) -> pgsched.Result | None); its signature is {sig}")
+
+
+def job(
+    *,
+    every: str | timedelta | None = None,
+    cron: str | None = None,
+    name: str | None = None,
+    timezone: str | None = None,
+    fixed_schedule: bool = True,
+    initial_start: datetime | None = None,
+    max_runtime: str | timedelta | None = None,
+    max_retries: int = -1,
+    retry_period: str | timedelta = "5 minutes",
+    catch_up: str = "latest",
+    config: Any = None,
+    scheduled: bool = True,
+) -> Callable[[F], F]:
+    """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
+
+    The other settings are those of add_job. The job's name is the function's
+    qualified name (module.function) unless `name=` is given; it must be stable.
+    """
+
+    def declare(func: F) -> F:
+        fn = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+        _check_signature(func, fn)
+        if (every is None) == (cron is None):
+            raise JobDeclarationError(f"{fn}: give exactly one of every= (an interval) or cron= (an expression)")
+        try:
+            tz = schedule.zone(timezone)
+            if cron is not None:
+                parsed = schedule.parse_cron(cron)
+                text = parsed.expr
+            else:
+                iv = schedule.parse_interval(every) if isinstance(every, str) else \
+                    schedule.Interval.from_timedelta(every or timedelta(0))
+                schedule.check_interval(iv, fixed=fixed_schedule, argument="every")
+                text = str(iv)
+        except schedule.ScheduleError as e:
+            raise JobDeclarationError(f"{fn}: {e}") from None
+        del tz
+        if not isinstance(max_retries, int) or max_retries < -1:
+            raise JobDeclarationError(f"{fn}: max_retries must be -1 (unlimited) or >= 0, not {max_retries!r}")
+        if catch_up not in ("latest", "all", "none"):
+            raise JobDeclarationError(f"{fn}: catch_up must be 'latest', 'all' or 'none', not {catch_up!r}")
+        if initial_start is not None and initial_start.tzinfo is None:
+            raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
+        try:
+            json.dumps(config)
+        except (TypeError, ValueError):
+            raise JobDeclarationError(f"{fn}: config must be JSON-serialisable") from None
+        job_name = name or fn
+        if not job_name.strip():
+            raise JobDeclarationError(f"{fn}: name must not be empty")
+        existing = REGISTRY.get(job_name)
+        module, function = getattr(func, "__module__", "?"), getattr(func, "__qualname__", "?")
+        if existing is not None and (existing.module, existing.function) != (module, function):
+            raise JobDeclarationError(
+                f"{fn}: job name {job_name!r} is already used by {existing.module}.{existing.function}")
+        REGISTRY[job_name] = JobSpec(
+            name=job_name, module=module, function=function, handler=func, schedule=text,
+            fixed_schedule=fixed_schedule, timezone=timezone, initial_start=initial_start,
+            max_runtime=_duration(max_runtime, "max_runtime", fn, allow_none=True),
+            max_retries=max_retries,
+            retry_period=_duration(retry_period, "retry_period", fn, allow_none=False) or "",
+            catch_up=catch_up, config=config, scheduled=scheduled,
+        )
+        return func
+
+    return declare

@@ -1,0 +1,138 @@
+"""Running one @pgsched.job handler: its transaction, its lease heartbeat, its result or error.
+
+Used by the worker (scheduled runs) and by `pgsched run` (a run now). The
+handler gets the worker's connection with autocommit off: it is committed when
+the handler returns and rolled back when it raises. run.heartbeat() renews the
+run's lease on a separate connection, because a write on the handler's own,
+uncommitted transaction would be invisible to everyone else; it raises
+LeaseLost when the run is no longer this worker's (another scheduler closed it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.types.json
+
+from pgsched import app
+
+# Messages stay small: history rows are read by people.
+MAX_MESSAGE = 4000
+TRACEBACK_LINES = 15
+
+
+def import_apps(modules: list[str]) -> None:
+    """Import the app modules so their @pgsched.job declarations register."""
+    for name in modules:
+        importlib.import_module(name)
+
+
+def find(msg: dict[str, Any]) -> app.JobSpec | None:
+    spec = app.REGISTRY.get(msg.get("job_name") or "")
+    if spec is not None and (spec.module, spec.function) == (msg.get("code_module"), msg.get("code_function")):
+        return spec
+    return next((s for s in app.REGISTRY.values()
+                 if (s.module, s.function) == (msg.get("code_module"), msg.get("code_function"))), None)
+
+
+class Heartbeat:
+    """The lease renewal connection of one worker, opened on first use."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def beat(self, run_id: int, lease_token: int | None) -> bool:
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgsched heartbeat")
+        row = self.conn.execute("SELECT pgsched._renew_lease(%s, %s)", (run_id, lease_token)).fetchone()
+        return bool(row and row[0])
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def describe(e: BaseException) -> str:
+    """Type, message and the last frames of the traceback, within MAX_MESSAGE."""
+    head = f"{type(e).__name__}: {e}"
+    frames = traceback.format_exception(type(e), e, e.__traceback__)
+    tail = "".join(frames).rstrip().splitlines()[-TRACEBACK_LINES:]
+    text = head + "\n" + "\n".join(tail)
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> dict[str, Any]:
+    """Run the handler of `msg` on `conn` (in autocommit mode on entry and on return)."""
+    result: dict[str, Any] = {"event": "done", "run_id": msg["run_id"], "ok": True}
+    spec = find(msg)
+    if spec is None:
+        result.update(ok=False, sqlstate="42883",
+                      message=f"no @pgsched.job handler {msg.get('code_module')}.{msg.get('code_function')} "
+                              "is loaded in this worker")
+        return result
+    plan = msg.get("plan_time")
+    handle = app.Run(
+        job_id=msg["job_id"], job_name=msg.get("job_name") or spec.name, run_id=msg["run_id"],
+        plan_time=datetime.fromisoformat(plan) if isinstance(plan, str) else datetime.now().astimezone(),
+        attempt=int(msg.get("attempt") or 1), scope=msg.get("scope") or "", config=msg.get("config"),
+        connection=conn, _heartbeat=lambda: heartbeat.beat(msg["run_id"], msg.get("lease_token")),
+    )
+    conn.autocommit = False
+    try:
+        returned = spec.handler(handle)
+        if returned is not None and not isinstance(returned, app.Result):
+            raise TypeError(f"the handler returned {type(returned).__name__}; expected pgsched.Result or None")
+        conn.commit()
+        if returned is not None:
+            result["rows_affected"], result["result"] = returned.encoded()
+    except Exception as e:
+        lost = conn.closed or conn.broken
+        if not lost:
+            conn.rollback()
+        result.update(ok=False, lost=lost, sqlstate=getattr(e, "sqlstate", None), message=describe(e))
+    finally:
+        if not (conn.closed or conn.broken):
+            conn.autocommit = True
+    return result
+
+
+def run_now(dsn: str, job_id: int) -> dict[str, Any]:
+    """Run a Python job once, now, in this process, recorded like any run (trigger 'manual').
+
+    The app modules must already be imported. Returns the outcome message.
+    """
+    import os
+
+    with psycopg.connect(dsn, autocommit=True, application_name=f"pgsched run {job_id}") as conn:
+        conn.prepare_threshold = None
+        row = conn.execute(
+            """SELECT j.job_name, j.kind, j.code_module, j.code_function, j.config
+                 FROM pgsched.job j WHERE j.job_id = %s""", (job_id,)).fetchone()
+        if row is None:
+            raise app.JobDeclarationError(f"job {job_id} not found")
+        name, kind, module, function, config = row
+        if kind != "python":
+            conn.execute("CALL pgsched.run_job(%s)", (job_id,))
+            return {"ok": True}
+        run_id = conn.execute(
+            "SELECT pgsched._mark_start(%s, clock_timestamp(), 'manual', %s, pg_backend_pid())",
+            (job_id, os.getpid())).fetchone()
+        assert run_id is not None
+        msg = {"run_id": run_id[0], "job_id": job_id, "job_name": name, "code_module": module,
+               "code_function": function, "config": config, "lease_token": None}
+        heartbeat = Heartbeat(dsn)
+        try:
+            result = run(conn, msg, heartbeat)
+        finally:
+            heartbeat.close()
+        conn.execute(
+            "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, clock_timestamp(), NULL, %s, %s)",
+            (run_id[0], "success" if result["ok"] else "failure", result.get("sqlstate"), result.get("message"),
+             result.get("rows_affected"), psycopg.types.json.Jsonb(result.get("result"))),
+        )
+        return result

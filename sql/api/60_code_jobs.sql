@@ -1,0 +1,116 @@
+-- Jobs declared in Python code (@pgsched.job), deployed by `pgsched serve --app`.
+--
+-- A deploy is one statement (one transaction) under an advisory lock: deploys
+-- from several instances serialize, each leaves the catalog consistent, and the
+-- last one wins. Code jobs are owned by the deploying role and keyed by
+-- (owner, job_name). A deploy writes every setting from the code, so a pause
+-- or change made with alter_job lasts until the next deploy. A code job of a
+-- deployed module that is no longer in the code is disabled with the reason
+-- shown, never deleted (its history stays).
+
+CREATE OR REPLACE FUNCTION pgsched._deploy_code_jobs(modules text[], specs jsonb)
+RETURNS TABLE (job_id integer, job_name text, action text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s jsonb;
+    j pgsched.job;
+    iv interval;
+    id integer;
+    new_start timestamptz;
+    schedule_changed boolean;
+BEGIN
+    -- Any fixed number: the lock only has to be the same for every deploy.
+    PERFORM pg_catalog.pg_advisory_xact_lock(7401295311);
+    FOR s IN SELECT value FROM jsonb_array_elements(specs) LOOP
+        iv := pgsched._check_settings(s->>'schedule', (s->>'fixed_schedule')::boolean, s->>'timezone',
+                                      (s->>'max_runtime')::interval, (s->>'max_retries')::integer,
+                                      (s->>'retry_period')::interval, s->>'catch_up', s->>'job_name');
+        SELECT * INTO j FROM pgsched.job
+         WHERE job.owner = current_user::regrole AND job.job_name = s->>'job_name'
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            INSERT INTO pgsched.job (job_name, kind, code_module, code_function, schedule, fixed_schedule,
+                                     initial_start, timezone, config, scheduled, max_runtime, max_retries,
+                                     retry_period, catch_up)
+            VALUES (s->>'job_name', 'python', s->>'code_module', s->>'code_function', s->>'schedule',
+                    (s->>'fixed_schedule')::boolean, (s->>'initial_start')::timestamptz, s->>'timezone',
+                    nullif(s->'config', 'null'), (s->>'scheduled')::boolean, (s->>'max_runtime')::interval,
+                    (s->>'max_retries')::integer, (s->>'retry_period')::interval, s->>'catch_up')
+            RETURNING job.job_id INTO id;
+            UPDATE pgsched.job_stat st
+               SET next_start = pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
+                                                     (s->>'initial_start')::timestamptz, s->>'timezone')
+             WHERE st.job_id = id;
+            job_id := id; job_name := s->>'job_name'; action := 'inserted';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF j.kind <> 'python' THEN
+            RAISE EXCEPTION USING ERRCODE = '42710',
+                MESSAGE = format('invalid job_name: %L is already the name of %s job %s of role %s',
+                                 s->>'job_name', j.kind, j.job_id, j.owner),
+                HINT = 'give the Python job another name with @pgsched.job(name=...)';
+        END IF;
+        schedule_changed := j.schedule IS DISTINCT FROM s->>'schedule'
+            OR j.fixed_schedule IS DISTINCT FROM (s->>'fixed_schedule')::boolean
+            OR j.initial_start IS DISTINCT FROM (s->>'initial_start')::timestamptz
+            OR j.timezone IS DISTINCT FROM s->>'timezone';
+        IF schedule_changed
+           OR (j.code_module, j.code_function, j.config, j.scheduled, j.max_runtime, j.max_retries,
+               j.retry_period, j.catch_up)
+              IS DISTINCT FROM
+              (s->>'code_module', s->>'code_function', nullif(s->'config', 'null'), (s->>'scheduled')::boolean,
+               (s->>'max_runtime')::interval, (s->>'max_retries')::integer, (s->>'retry_period')::interval,
+               s->>'catch_up')
+        THEN
+            UPDATE pgsched.job SET
+                code_module = s->>'code_module', code_function = s->>'code_function', schedule = s->>'schedule',
+                fixed_schedule = (s->>'fixed_schedule')::boolean,
+                initial_start = (s->>'initial_start')::timestamptz, timezone = s->>'timezone',
+                config = nullif(s->'config', 'null'), scheduled = (s->>'scheduled')::boolean,
+                max_runtime = (s->>'max_runtime')::interval, max_retries = (s->>'max_retries')::integer,
+                retry_period = (s->>'retry_period')::interval, catch_up = s->>'catch_up'
+             WHERE job.job_id = j.job_id;
+            IF schedule_changed THEN
+                new_start := pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
+                                                  (s->>'initial_start')::timestamptz, s->>'timezone');
+                UPDATE pgsched.job_stat st SET next_start = new_start WHERE st.job_id = j.job_id;
+            END IF;
+            job_id := j.job_id; job_name := j.job_name; action := 'updated';
+        ELSE
+            job_id := j.job_id; job_name := j.job_name; action := 'unchanged';
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+
+    FOR j IN
+        SELECT * FROM pgsched.job
+         WHERE job.owner = current_user::regrole AND job.kind = 'python' AND job.code_module = ANY (modules)
+           AND job.scheduled
+           AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(specs) e WHERE e.value->>'job_name' = job.job_name)
+           FOR UPDATE
+    LOOP
+        UPDATE pgsched.job SET scheduled = false WHERE job.job_id = j.job_id;
+        UPDATE pgsched.job_stat st
+           SET disabled_reason = format('%s.%s is no longer in the code of module %s (deployed %s)',
+                                        j.code_module, j.code_function, j.code_module, now())
+         WHERE st.job_id = j.job_id;
+        job_id := j.job_id; job_name := j.job_name; action := 'disabled';
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- Renew a run's lease (run.heartbeat() in a Python job): only while the run is
+-- still open and still carries this lease token.
+CREATE OR REPLACE FUNCTION pgsched._renew_lease(run_id bigint, lease_token bigint)
+RETURNS boolean LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH u AS (
+        UPDATE pgsched.job_run r SET heartbeat_at = now()
+         WHERE r.run_id = _renew_lease.run_id AND r.lease_token IS NOT DISTINCT FROM _renew_lease.lease_token
+           AND r.outcome = 'running'
+        RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
