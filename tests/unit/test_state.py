@@ -82,6 +82,7 @@ def test_failure_backoff_doubles_within_jitter_and_is_capped() -> None:
     for failures_before in range(10):
         end = end_of_run(j, outcome=Outcome.FAILURE, plan_time=T0, finish=T0, consecutive_failures=failures_before,
                          consecutive_crashes=0, message="x", rng=random.Random(failures_before))
+        assert end.next_start is not None
         delays.append(end.next_start - T0)
     for n, d in enumerate(delays[:6]):
         base = retry * 2**n
@@ -120,9 +121,11 @@ def test_timeout_counts_as_failure_for_retries() -> None:
 
 def test_crash_backs_off_on_crash_count() -> None:
     retry = timedelta(minutes=1)
-    got = [end_of_run(job(DRIFT_HOUR, retry=retry), outcome=Outcome.CRASH, plan_time=T0, finish=T0,
-                      consecutive_failures=0, consecutive_crashes=c, message=None,
-                      rng=random.Random(7)).next_start - T0 for c in range(4)]
+    starts = [end_of_run(job(DRIFT_HOUR, retry=retry), outcome=Outcome.CRASH, plan_time=T0, finish=T0,
+                         consecutive_failures=0, consecutive_crashes=c, message=None,
+                         rng=random.Random(7)).next_start for c in range(4)]
+    got = [t - T0 for t in starts if t is not None]
+    assert len(got) == 4
     for c, d in enumerate(got):
         assert retry * 2**c * 0.9 <= d <= retry * 2**c * 1.1
 
@@ -133,3 +136,11 @@ def test_cancelled_run_is_not_a_failure() -> None:
                      message=None, rng=random.Random(0))
     assert end.next_state is JobState.SCHEDULED
     assert end.next_start == T0 + timedelta(hours=1)
+
+
+def test_a_cron_without_further_firings_disables_the_job() -> None:
+    once = Schedule(interval=None, cron=parse_cron("0 0 0 1 1 * 2026"))
+    end = end_of_run(job(once), outcome=Outcome.SUCCESS, plan_time=T0, finish=T0, consecutive_failures=0,
+                     consecutive_crashes=0, message=None, rng=random.Random(0))
+    assert end.next_state is JobState.DISABLED and end.next_start is None
+    assert end.disable_reason is not None and "no further start" in end.disable_reason
