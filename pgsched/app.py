@@ -109,6 +109,12 @@ class JobSpec:
 REGISTRY: dict[str, JobSpec] = {}
 
 
+def forget(module: str) -> None:
+    """Drop a module's declarations (before re-importing a new version of it)."""
+    for name in [n for n, spec in REGISTRY.items() if spec.module == module]:
+        del REGISTRY[name]
+
+
 def registered(modules: list[str] | None = None) -> list[JobSpec]:
     """The declared jobs (of the given modules), in a stable order."""
     specs = [s for s in REGISTRY.values() if modules is None or s.module in modules]

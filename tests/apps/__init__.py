@@ -1,0 +1,1 @@
+"""Application modules with @pgsched.job handlers, imported by schedulers and workers in the tests."""

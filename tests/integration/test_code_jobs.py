@@ -1,0 +1,255 @@
+"""Python jobs: deploy to the catalog, and handlers run by the scheduler's workers (real PostgreSQL)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import tests.apps.demo_jobs  # noqa: F401  (registers the demo handlers)
+from pgsched import app
+from pgsched.clock import DbClock
+from pgsched.scheduler import Scheduler, Settings
+from pgsched.store import Store
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+DEMO = "tests.apps.demo_jobs"
+
+
+def one(conn: Conn, query: str, *args: Any) -> Any:
+    row = conn.execute(query, args).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def deploy(dsn: str, modules: list[str]) -> list[tuple[int, str, str]]:
+    store = Store(dsn, DbClock())
+    try:
+        return store.deploy(modules, [s.catalog_row() for s in app.registered(modules)])
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def py(conn: Conn) -> Conn:
+    conn.execute("CREATE TABLE py_hits (job text, plan_time timestamptz, attempt int, config jsonb)")
+    return conn
+
+
+def job_id(conn: Conn, name: str) -> int:
+    return int(one(conn, "SELECT job_id FROM pgsched.jobs WHERE job_name = %s", name))
+
+
+def run_now_and_wait(db: str, conn: Conn, names: list[str], timeout: float = 20.0, **settings: Any) -> None:
+    """Serve with the demo app until every named job has ended one run."""
+    def ended() -> bool:
+        return all(one(conn, "SELECT count(*) FROM pgsched.job_run r JOIN pgsched.job j USING (job_id) "
+                             "WHERE j.job_name = %s AND r.outcome <> 'running'", n) >= 1 for n in names)
+
+    triggered: list[bool] = []
+
+    def until() -> bool:
+        if not triggered and one(conn, "SELECT count(*) FROM pgsched.jobs WHERE kind = 'python'") > 0:
+            for n in names:
+                conn.execute("SELECT alter_job(%s, next_start => now())", (job_id(conn, n),))
+            triggered.append(True)
+        return bool(triggered) and ended()
+
+    deadline = time.monotonic() + timeout
+    opts: dict[str, Any] = {"max_workers": 4, "crash_wait": 1.0, "safety_interval": 0.2, "apps": (DEMO,),
+                            **settings}
+    Scheduler(Settings(dsn=db, **opts)).run(until=lambda: until() or time.monotonic() > deadline)
+    assert triggered and ended(), "the runs did not end in time"
+
+
+def last_run(conn: Conn, name: str) -> dict[str, Any]:
+    cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+    row = cur.execute("SELECT * FROM job_history WHERE job_name = %s ORDER BY run_id DESC LIMIT 1", (name,)).fetchone()
+    assert row is not None
+    return row
+
+
+# -- deploy ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def versioned_app(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A module we can rewrite and re-import, as a new release of an app would be."""
+    name = f"pgsched_test_app_{time.monotonic_ns()}"
+    path = tmp_path / f"{name}.py"
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield name, path
+    finally:
+        sys.path.remove(str(tmp_path))
+        app.forget(name)
+        sys.modules.pop(name, None)
+
+
+def load(name: str, path: Path, body: str) -> None:
+    path.write_text("import pgsched\n\n" + body)
+    app.forget(name)
+    if name in sys.modules:
+        importlib.reload(sys.modules[name])
+    else:
+        importlib.import_module(name)
+
+
+def test_deploy_inserts_updates_and_disables_without_deleting(db: str, conn: Conn,
+                                                               versioned_app: tuple[str, Path]) -> None:
+    name, path = versioned_app
+    load(name, path, "@pgsched.job(every='5 minutes', name='a')\ndef a(run): pass\n\n"
+                     "@pgsched.job(cron='0 3 * * *', timezone='Europe/Berlin', name='b')\ndef b(run): pass\n")
+    assert sorted(a for _, _, a in deploy(db, [name])) == ["inserted", "inserted"]
+    rows = conn.execute("SELECT job_name, kind, code_module, code_function, owner::text, schedule, timezone, "
+                        "scheduled FROM pgsched.jobs ORDER BY job_name").fetchall()
+    assert rows == [("a", "python", name, "a", "postgres", "00:05:00", None, True),
+                    ("b", "python", name, "b", "postgres", "0 3 * * *", "Europe/Berlin", True)]
+    a_id = job_id(conn, "a")
+    assert one(conn, "SELECT next_start IS NOT NULL FROM job_stats WHERE job_id = %s", a_id)
+    conn.execute("INSERT INTO pgsched.job_run (job_id, plan_time, outcome) SELECT job_id, now(), 'success' "
+                 "FROM pgsched.job WHERE job_name = 'b'")
+
+    # Unchanged code: nothing written.
+    assert sorted(a for _, _, a in deploy(db, [name])) == ["unchanged", "unchanged"]
+
+    # Release 2: a's schedule changes, b is gone from the code.
+    load(name, path, "@pgsched.job(every='10 minutes', max_retries=3, name='a')\ndef a(run): pass\n")
+    assert sorted((n, a) for _, n, a in deploy(db, [name])) == [("a", "updated"), ("b", "disabled")]
+    assert job_id(conn, "a") == a_id
+    assert conn.execute("SELECT schedule, max_retries FROM pgsched.jobs WHERE job_name = 'a'").fetchone() == (
+        "00:10:00", 3)
+    st = conn.execute("SELECT s.state, s.disabled_reason FROM job_stats s WHERE job_name = 'b'").fetchone()
+    assert st is not None and st[0] == "disabled" and f"{name}.b is no longer in the code" in st[1]
+    assert one(conn, "SELECT count(*) FROM job_history WHERE job_name = 'b'") == 1  # history kept
+
+    # b comes back in release 3: enabled again, reason cleared.
+    load(name, path, "@pgsched.job(every='10 minutes', max_retries=3, name='a')\ndef a(run): pass\n\n"
+                     "@pgsched.job(cron='0 3 * * *', timezone='Europe/Berlin', name='b')\ndef b(run): pass\n")
+    deploy(db, [name])
+    assert conn.execute("SELECT state, disabled_reason FROM job_stats WHERE job_name = 'b'").fetchone() == (
+        "scheduled", None)
+
+
+def test_a_pause_with_alter_job_lasts_until_the_next_deploy(db: str, conn: Conn) -> None:
+    deploy(db, [DEMO])
+    ok = job_id(conn, "demo.ok")
+    conn.execute("SELECT alter_job(%s, scheduled => false)", (ok,))
+    assert one(conn, "SELECT state FROM job_stats WHERE job_id = %s", ok) == "disabled"
+    deploy(db, [DEMO])
+    assert one(conn, "SELECT state FROM job_stats WHERE job_id = %s", ok) == "scheduled"
+
+
+def test_concurrent_deploys_of_two_versions_leave_one_consistent_catalog(db: str, conn: Conn) -> None:
+    def spec(version: int) -> dict[str, Any]:
+        row = app.REGISTRY["demo.ok"].catalog_row()
+        return {**row, "job_name": "shared", "schedule": f"00:0{version}:00", "config": {"v": version}}
+
+    errors: list[BaseException] = []
+
+    def deploy_version(version: int) -> None:
+        try:
+            for _ in range(10):
+                store = Store(db, DbClock())
+                try:
+                    store.deploy([DEMO], [spec(version)])
+                finally:
+                    store.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=deploy_version, args=(v,)) for v in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    rows = conn.execute("SELECT schedule, config FROM pgsched.jobs WHERE job_name = 'shared'").fetchall()
+    assert len(rows) == 1
+    version = rows[0][1]["v"]
+    assert rows[0][0] == f"00:0{version}:00"  # one version, whole
+    assert one(conn, "SELECT count(*) FROM pgsched.job_stat") == one(conn, "SELECT count(*) FROM pgsched.job")
+
+
+def test_a_python_name_already_used_by_a_sql_job_is_refused(db: str, conn: Conn) -> None:
+    conn.execute("SELECT schedule('demo.ok', '1 hour', 'SELECT 1')")
+    with pytest.raises(psycopg.errors.DuplicateObject, match="already the name of command job"):
+        deploy(db, [DEMO])
+
+
+# -- running handlers -----------------------------------------------------------------------------------
+
+def test_a_handler_that_succeeds_commits_and_stores_its_result(db: str, py: Conn) -> None:
+    run_now_and_wait(db, py, ["demo.ok"])
+    h = last_run(py, "demo.ok")
+    assert h["outcome"] == "success" and h["rows_affected"] == 1
+    assert h["result"] == {"plan": h["plan_time"].isoformat(), "hello": "hi"}
+    hit = py.execute("SELECT plan_time, attempt, config FROM py_hits WHERE job = 'demo.ok'").fetchone()
+    assert hit == (h["plan_time"], 1, {"greeting": "hi"})
+    assert h["worker_pid"] is not None and h["backend_pid"] is not None
+
+
+def test_a_handler_that_raises_is_a_failure_with_type_message_and_traceback(db: str, py: Conn) -> None:
+    run_now_and_wait(db, py, ["demo.boom"])
+    h = last_run(py, "demo.boom")
+    assert h["outcome"] == "failure" and h["sqlstate"] is None
+    assert h["message"].startswith("ValueError: nope\nTraceback (most recent call last):")
+    assert 'raise ValueError("nope")' in h["message"] and len(h["message"]) <= 4000
+    assert one(py, "SELECT count(*) FROM py_hits WHERE job = 'demo.boom'") == 0  # rolled back
+    st = py.execute("SELECT total_failures, total_crashes FROM job_stats WHERE job_name = 'demo.boom'").fetchone()
+    assert st == (1, 0)
+
+
+def test_a_handler_past_max_runtime_is_killed(db: str, py: Conn) -> None:
+    t0 = time.monotonic()
+    run_now_and_wait(db, py, ["demo.slow"], terminate_grace=0.5)
+    assert time.monotonic() - t0 < 10
+    h = last_run(py, "demo.slow")
+    assert h["outcome"] == "timeout" and "exceeded max_runtime" in h["message"]
+    with pytest.raises(ProcessLookupError):
+        import os
+        os.kill(h["worker_pid"], 0)
+
+
+def test_heartbeat_renews_the_lease_through_a_long_run(db: str, py: Conn) -> None:
+    run_now_and_wait(db, py, ["demo.beat"])
+    row = py.execute("SELECT outcome, heartbeat_at - started_at FROM pgsched.job_run r JOIN pgsched.job j "
+                     "USING (job_id) WHERE j.job_name = 'demo.beat'").fetchone()
+    assert row is not None and row[0] == "success" and row[1].total_seconds() >= 0.8
+
+
+def test_a_lost_lease_raises_in_the_handler(db: str, py: Conn) -> None:
+    run_now_and_wait(db, py, ["demo.lease"])
+    assert one(py, "SELECT count(*) FROM py_hits WHERE job = 'demo.lease lost'") == 1
+    h = last_run(py, "demo.lease")
+    # The run was closed by "another scheduler"; our failure report did not overwrite it.
+    assert (h["outcome"], h["message"]) == ("crash", "closed by another scheduler")
+
+
+@pytest.mark.parametrize("name", ["demo.exits", "demo.killed"])
+def test_a_handler_that_kills_its_process_is_a_crash(db: str, py: Conn, name: str) -> None:
+    run_now_and_wait(db, py, [name])
+    h = last_run(py, name)
+    assert h["outcome"] == "crash" and "during the run" in h["message"]
+    st = py.execute("SELECT total_runs, total_crashes, consecutive_crashes, state FROM job_stats "
+                    "WHERE job_name = %s", (name,)).fetchone()
+    assert st == (1, 1, 1, "scheduled")
+
+
+def test_sql_and_python_jobs_mix_in_one_serve(db: str, py: Conn) -> None:
+    sql_job = one(py, "SELECT schedule('sql-side', '1 hour', 'INSERT INTO py_hits VALUES (''sql'', now(), 1, NULL)')")
+    run_now_and_wait(db, py, ["demo.ok", "sql-side"])
+    assert one(py, "SELECT outcome FROM job_history WHERE job_id = %s", sql_job) == "success"
+    assert last_run(py, "demo.ok")["outcome"] == "success"
+
+
+def test_run_job_in_sql_points_to_the_cli_for_python_jobs(db: str, conn: Conn) -> None:
+    deploy(db, [DEMO])
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match="pgsched run"):
+        conn.execute("CALL run_job(%s)", (job_id(conn, "demo.ok"),))
