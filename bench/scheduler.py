@@ -5,6 +5,7 @@
     ./dev bench scheduler throughput  trivial jobs, runs/s, vs pgbench on the same SQL; transactions per run
     ./dev bench scheduler idle        10,000 jobs none due for 60 s: scheduler CPU and queries/s
     ./dev bench scheduler scale       100,000 jobs: time to ready and RSS
+    ./dev bench scheduler mixed       200 SQL jobs and 200 Python handlers: runs/s of each
     ./dev bench scheduler all
 
 The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
@@ -285,7 +286,30 @@ def scale() -> dict[str, Any]:
             "target": "ready <= 5 s, scheduler RSS <= 250 MB"}
 
 
-SCENARIOS = {"lag": lag, "burst": burst, "throughput": throughput, "idle": idle, "scale": scale}
+def mixed(seconds: float = 20.0, workers: int = 8) -> dict[str, Any]:
+    """200 trivial SQL jobs and 200 trivial Python handlers (bench/pyjobs.py), all always due."""
+    with cluster() as (_, dsn):
+        add_jobs(dsn, 200, "noop", "1 millisecond", fixed=False, delay_s=0)
+        with serve(dsn, "--max-workers", str(workers), "--app", "bench.pyjobs") as (_, log):
+            wait_for_log(log, "ready:", 30)
+            time.sleep(2)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                def runs() -> dict[str, int]:
+                    rows = conn.execute("SELECT j.kind, count(*) FROM pgsched.job_run r JOIN pgsched.job j "
+                                        "USING (job_id) WHERE r.outcome = 'success' GROUP BY j.kind").fetchall()
+                    return {str(k): int(n) for k, n in rows}
+                n0, t0 = runs(), time.monotonic()
+                time.sleep(seconds)
+                n1, t1 = runs(), time.monotonic()
+                failed = conn.execute("SELECT count(*) FROM pgsched.job_run WHERE outcome NOT IN "
+                                      "('success', 'running')").fetchone()
+    rate = {k: (n1.get(k, 0) - n0.get(k, 0)) / (t1 - t0) for k in ("proc", "python")}
+    return {"scenario": "mixed", "sql_runs_per_s": round(rate["proc"], 1),
+            "python_runs_per_s": round(rate["python"], 1), "total_runs_per_s": round(sum(rate.values()), 1),
+            "not_successful": failed[0] if failed else None, "workers": workers}
+
+
+SCENARIOS = {"lag": lag, "burst": burst, "throughput": throughput, "idle": idle, "scale": scale, "mixed": mixed}
 
 
 def main() -> None:
