@@ -33,11 +33,12 @@ def test_only_the_instance_with_the_module_runs_its_jobs(py_db: str, serve: Serv
     with_app = serve(dsn, "--app", DEMO, "--crash-wait", "1")
     ok = wait_for(lambda: query(dsn, "SELECT job_id FROM pgsched.jobs WHERE job_name = 'demo.ok'") or None, 10,
                   "the deploy")[0]["job_id"]
-    for _ in range(3):
-        before = len(query(dsn, "SELECT 1 FROM pgsched.job_run WHERE job_id = %s", (ok,)))
+    def successes() -> int:
+        return len(query(dsn, "SELECT 1 FROM pgsched.job_run WHERE job_id = %s AND outcome = 'success'", (ok,)))
+
+    for n in range(1, 4):
         query(dsn, "SELECT alter_job(%s, next_start => now())", (ok,))
-        wait_for(lambda b=before: len(query(dsn, "SELECT 1 FROM pgsched.job_run WHERE job_id = %s AND outcome = "
-                                             "'success'", (ok,))) == b + 1 or None, 10, "a run of demo.ok")
+        wait_for(lambda n=n: successes() == n or None, 10, f"run {n} of demo.ok")
     runs = query(dsn, "SELECT instance_id, outcome FROM pgsched.job_run WHERE job_id = %s", (ok,))
     assert {r["instance_id"] for r in runs} == {with_app.instance_id}
     assert {r["outcome"] for r in runs} == {"success"}
