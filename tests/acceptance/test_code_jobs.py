@@ -38,7 +38,11 @@ def test_only_the_instance_with_the_module_runs_its_jobs(py_db: str, serve: Serv
 
     for n in range(1, 4):
         query(dsn, "SELECT alter_job(%s, next_start => now())", (ok,))
-        wait_for(lambda n=n: successes() == n or None, 10, f"run {n} of demo.ok")
+
+        def ran(n: int = n) -> bool | None:
+            return successes() == n or None
+
+        wait_for(ran, 10, f"run {n} of demo.ok")
     runs = query(dsn, "SELECT instance_id, outcome FROM pgsched.job_run WHERE job_id = %s", (ok,))
     assert {r["instance_id"] for r in runs} == {with_app.instance_id}
     assert {r["outcome"] for r in runs} == {"success"}
