@@ -96,35 +96,24 @@ def end_of_run(
     schedule that has no further start (a cron whose years are over) disables the job.
     """
     try:
-        return _end_of_run(job, outcome=outcome, plan_time=plan_time, finish=finish,
-                           consecutive_failures=consecutive_failures, consecutive_crashes=consecutive_crashes,
-                           message=message, rng=rng)
+        return _next(job, outcome=outcome, plan_time=plan_time, finish=finish,
+                     failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
     except schedule.ScheduleError as e:
         return RunEnd(outcome, None, JobState.DISABLED, f"the schedule has no further start: {e.message}")
 
 
-def _end_of_run(
-    job: Job,
-    *,
-    outcome: Outcome,
-    plan_time: datetime,
-    finish: datetime,
-    consecutive_failures: int,
-    consecutive_crashes: int,
-    message: str | None,
-    rng: random.Random,
-) -> RunEnd:
+def _next(job: Job, *, outcome: Outcome, plan_time: datetime, finish: datetime, failures: int, crashes: int,
+          message: str | None, rng: random.Random) -> RunEnd:
+    """end_of_run's decision; failures/crashes count this run if it was one."""
     s = job.schedule
     if outcome is Outcome.SUCCESS or outcome is Outcome.CANCELLED:
         nxt = schedule.next_after_success(s, plan_time=plan_time, finish=finish)
         return RunEnd(outcome, nxt, JobState.SCHEDULED)
     if outcome is Outcome.CRASH:
         nxt = schedule.next_after_crash(
-            s, plan_time=plan_time, now=finish, crashes=consecutive_crashes + 1,
-            retry_period=job.retry_period, rng=rng,
+            s, plan_time=plan_time, now=finish, crashes=crashes, retry_period=job.retry_period, rng=rng,
         )
         return RunEnd(outcome, nxt, JobState.SCHEDULED)
-    failures = consecutive_failures + 1
     nxt = schedule.next_after_failure(
         s, plan_time=plan_time, finish=finish, failures=failures, retry_period=job.retry_period, rng=rng,
     )
