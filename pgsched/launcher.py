@@ -29,6 +29,7 @@ class Worker:
     proc: subprocess.Popen[bytes]
     pid: int
     backend_pid: int | None = None
+    role: str | None = None  # the role its session runs as (a job's owner)
     ready: bool = False
     run: Run | None = None
     retiring: bool = False  # do not give it another run

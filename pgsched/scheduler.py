@@ -32,7 +32,7 @@ from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.model import Run
 from pgsched.state import JobState, Outcome, end_of_run, transition
-from pgsched.store import Abandoned, Finish, Store
+from pgsched.store import Abandoned, Claimed, Finish, Store
 
 log = logging.getLogger("pgsched.scheduler")
 
@@ -79,7 +79,7 @@ class Scheduler:
         self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed
-        self._orphans: list[tuple[int, str]] = []  # (backend pid, application_name) still to terminate
+        self._orphans: list[str] = []  # application_names of runs whose backends are still to terminate
         self._hold_claims_until = 0.0
         self._spawn_failures = 0
         self._spawn_at = 0.0
@@ -237,6 +237,7 @@ class Scheduler:
             # ask when the next one is, but do not spin on a row we cannot have.
             self.dirty = True
             self._hold_claims_until = time.monotonic() + 0.05
+        self._match_owners(claimed)
         for c in claimed:
             worker = self.workers.get(c.worker_pid or -1)
             if c.run is None or worker is None:
@@ -244,6 +245,30 @@ class Scheduler:
                 self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
                 continue
             self._launch_run(worker, c.run)
+
+    def _match_owners(self, claimed: list[Claimed]) -> None:
+        """Give each run a worker already connected as its owner where one was claimed for.
+
+        The claim pairs runs and workers blindly; re-pairing them among the same workers
+        saves a reconnect for every run whose owner already has a session. The pids the
+        run row records are corrected when the run is closed.
+        """
+        runs = [c for c in claimed if c.run is not None]
+        free = [self.workers[c.worker_pid] for c in runs if c.worker_pid in self.workers]
+        if len(free) < len(runs):
+            return
+        paired: dict[int, Worker] = {}
+        for c in runs:
+            assert c.run is not None
+            match = next((w for w in free if w.role == c.run.job.owner), None)
+            if match is not None:
+                free.remove(match)
+                paired[c.run_id] = match
+        for c in runs:
+            w = paired.get(c.run_id) or free.pop(0)
+            assert c.run is not None
+            c.run.worker_pid, c.run.backend_pid = w.pid, w.backend_pid
+        claimed[:] = [replace(c, worker_pid=c.run.worker_pid) if c.run is not None else c for c in claimed]
 
     def _launch_run(self, worker: Worker, run: Run) -> None:
         job = run.job
@@ -306,10 +331,14 @@ class Scheduler:
 
     def _on_worker_event(self, worker: Worker, ev: dict[str, object]) -> None:
         kind = ev.get("event")
+        if kind in ("ready", "backend"):
+            worker.backend_pid = int(str(ev["backend_pid"]))
+            worker.role = str(ev.get("role") or "") or None
+            if worker.run is not None:
+                worker.run.backend_pid = worker.backend_pid
         if kind == "ready":
             worker.ready = True
             self._spawn_failures = 0
-            worker.backend_pid = int(str(ev["backend_pid"]))
             self.dirty = self.dirty or self.next_due is not None
             if not self._announced_ready and all(w.ready for w in self.workers.values()):
                 self._announced_ready = True
@@ -333,6 +362,11 @@ class Scheduler:
             if run.forced:
                 outcome = Outcome(run.forced)
                 msg = self._forced_message(run, msg)
+            if ev.get("owner_unusable"):
+                # A dropped role or one that may not log in: retrying would only fail again.
+                worker.run = None
+                self._end_run(run, Outcome.FAILURE, sqlstate, msg, disable_reason=msg)
+                return
             if ev.get("lost") or run.forced:
                 worker.retiring = True
             worker.run = None
@@ -377,24 +411,22 @@ class Scheduler:
 
     def _terminate_backend(self, run: Run) -> None:
         """Terminate the run's backend (an orphan once its worker is gone); retried after a reconnect."""
-        if run.backend_pid:
-            self._orphans.append((run.backend_pid, run.app_name))
+        self._orphans.append(run.app_name)
         self._terminate_orphans()
 
     def _terminate_orphans(self) -> None:
         if self.store is None:
             return
         while self._orphans:
-            pid, app = self._orphans[0]
             try:
-                self.store.terminate_run_backend(pid, app)
+                self.store.terminate_run_backend(self._orphans[0])
             except psycopg.OperationalError:
                 return  # the connection is gone: kept, and tried again after reconnecting
             self._orphans.pop(0)
 
     # -- ends of runs -------------------------------------------------------------------
     def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None,
-                 rows_affected: int | None = None, result: object = None) -> None:
+                 rows_affected: int | None = None, result: object = None, disable_reason: str | None = None) -> None:
         self.runs.pop(run.run_id, None)
         self.runs_ended += 1
         finish = self.clock.now()
@@ -402,6 +434,8 @@ class Scheduler:
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
                          consecutive_failures=run.consecutive_failures,
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
+        if disable_reason is not None:
+            end = replace(end, next_state=JobState.DISABLED, disable_reason=disable_reason, next_start=None)
         try:
             skipped = schedule.skipped_slots(job.schedule, plan_time=run.plan_time, finish=finish)
         except schedule.ScheduleError:
@@ -411,13 +445,14 @@ class Scheduler:
         if end.disable_reason:
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
             # The history row says why this was the last run, besides the job's own error.
-            message = f"{message} [{end.disable_reason}]" if message else end.disable_reason
+            if message != end.disable_reason:
+                message = f"{message} [{end.disable_reason}]" if message else end.disable_reason
         log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
                  (finish - run.started_at).total_seconds(), f" error={message!r}" if message else "")
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=skipped,
-            rows_affected=rows_affected, result=result,
+            rows_affected=rows_affected, result=result, worker_pid=run.worker_pid, backend_pid=run.backend_pid,
         ))
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start
@@ -493,10 +528,9 @@ class Scheduler:
     def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
         assert self.store is not None
         # The backend may still be executing the run's query: an orphan nobody will ever read.
-        app = f"pgsched job {a.job_id} run {a.run_id}"
-        if a.backend_pid and a.backend_app == app:
-            log.warning("terminating orphan backend %s of run %s (job %s)", a.backend_pid, a.run_id, a.job_id)
-            self.store.terminate_run_backend(a.backend_pid, app)
+        if a.orphan_pid:
+            log.warning("terminating orphan backend %s of run %s (job %s)", a.orphan_pid, a.run_id, a.job_id)
+            self.store.terminate_run_backend(f"pgsched job {a.job_id} run {a.run_id}")
         log.warning("run %s of job %s was abandoned by its scheduler or session: recorded as a crash",
                     a.run_id, a.job_id)
         problem = a.problem

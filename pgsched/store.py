@@ -74,6 +74,9 @@ class Finish:
     skipped: tuple[int, datetime | None, datetime | None] = (0, None, None)
     rows_affected: int | None = None
     result: Any = None
+    # The worker and backend that really ran it (a worker may have reconnected as the job's owner).
+    worker_pid: int | None = None
+    backend_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Abandoned:
     job_id: int
     plan_time: datetime
     backend_pid: int | None
-    backend_app: str | None
+    orphan_pid: int | None  # a backend still running it
     consecutive_crashes: int
     schedule: Schedule | None
     retry_period: timedelta
@@ -274,6 +277,7 @@ class Store:
             "next_start": _iso(f.next_start), "finished_at": _iso(f.finished_at),
             "disable_reason": f.disable_reason, "rows_affected": f.rows_affected, "result": f.result,
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
+            "worker_pid": f.worker_pid, "backend_pid": f.backend_pid,
         } for f in finishes]
         return self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),))
 
@@ -293,9 +297,9 @@ class Store:
         row = self._execute("SELECT pg_cancel_backend(%s) AS ok", (pid,)).fetchone()
         return bool(row and row["ok"])
 
-    def terminate_run_backend(self, pid: int, app: str) -> bool:
-        """Terminate `pid` if its application_name is still `app` (the run it ran)."""
-        row = self._execute("SELECT pgsched._terminate_run_backend(%s, %s) AS ok", (pid, app)).fetchone()
+    def terminate_run_backend(self, app: str) -> bool:
+        """Terminate the backends still running the run whose application_name is `app`."""
+        row = self._execute("SELECT pgsched._terminate_run_backend(%s) AS ok", (app,)).fetchone()
         return bool(row and row["ok"])
 
 
@@ -325,7 +329,7 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         problem = f"invalid schedule in the catalog: {e}"
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"],
-        backend_pid=row["backend_pid"], backend_app=row["backend_app"],
+        backend_pid=row["backend_pid"], orphan_pid=row["orphan_pid"],
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
         retry_period=timedelta(seconds=row["retry_period_s"]), problem=problem,
     )

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 import psycopg
+import psycopg.conninfo
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -76,11 +77,50 @@ def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | sql.Composed, tuple[An
 
 
 def _session_settings(msg: dict[str, Any]) -> list[tuple[str, str]]:
-    """(setting, value) a run needs: its application_name, and its owner's role."""
-    out = [("application_name", str(msg["app"]))]
-    if msg.get("owner") and msg["owner"] != msg.get("session_user"):
-        out.append(("role", str(msg["owner"])))
-    return out
+    """(setting, value) a run needs: its application_name (its role is the session's: see Session)."""
+    return [("application_name", str(msg["app"]))]
+
+
+class Session:
+    """The worker's connection, opened as the role whose job it runs.
+
+    A job runs in a session whose session user is the job's owner: nothing its SQL
+    does (RESET ROLE, SET ROLE, SET SESSION AUTHORIZATION, RESET ALL) can reach the
+    scheduler's role, because the session never had it. A worker keeps its owner's
+    connection between runs and reconnects only when it is given another owner's job.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn = self._connect(None)
+        row = self.conn.execute("SELECT session_user, pg_backend_pid()").fetchone()
+        assert row is not None
+        self.default_role: str = row[0]
+        self.role: str = row[0]
+        self.backend_pid: int = row[1]
+
+    def _connect(self, role: str | None) -> psycopg.Connection[Any]:
+        params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        if role is not None:
+            # The scheduler's password is not the owner's: libpq finds the owner's in its
+            # password file, or the server trusts the scheduler's host for it (docs/security.md).
+            params["user"] = role
+            params.pop("password", None)
+        conn = psycopg.connect(psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()}),
+                               autocommit=True, application_name="pgsched worker idle")
+        # DISCARD ALL between runs drops prepared statements, so psycopg must not keep any.
+        conn.prepare_threshold = None
+        return conn
+
+    def become(self, role: str) -> None:
+        """Reconnect as `role` (psycopg.Error if it cannot log in; the old session is then kept)."""
+        if role == self.role:
+            return
+        new = self._connect(None if role == self.default_role else role)
+        row = new.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        old, self.conn, self.role, self.backend_pid = self.conn, new, role, row[0]
+        old.close()
 
 
 def _wait_for_start(msg: dict[str, Any]) -> None:
@@ -150,9 +190,7 @@ def main() -> int:
     dsn = os.environ.get("PGSCHED_WORKER_DSN", "")
     out = sys.stdout
     try:
-        conn = psycopg.connect(dsn, autocommit=True, application_name="pgsched worker idle")
-        # DISCARD ALL between runs drops prepared statements, so psycopg must not keep any.
-        conn.prepare_threshold = None
+        session = Session(dsn)
     except psycopg.Error as e:
         _emit(out, {"event": "error", "message": str(e)[:MAX_MESSAGE]})
         return EXIT_CONNECT
@@ -162,25 +200,33 @@ def main() -> int:
         _emit(out, {"event": "error", "message": f"cannot import the app modules: {pyjob.describe(e)}"})
         return EXIT_CONNECT
     heartbeat = pyjob.Heartbeat(dsn)
-    info = conn.execute("SELECT pg_backend_pid(), session_user").fetchone()
-    assert info is not None
-    backend_pid, session_user = info
-    _emit(out, {"event": "ready", "pid": os.getpid(), "backend_pid": backend_pid})
-    for line in _requests(conn):
+    _emit(out, {"event": "ready", "pid": os.getpid(), "backend_pid": session.backend_pid, "role": session.role})
+    for line in _requests(session):
         msg = json.loads(line)
-        msg["session_user"] = session_user
-        result = run_one(conn, msg, heartbeat)
+        owner = msg.get("owner") or session.default_role
+        if owner != session.role:
+            try:
+                session.become(owner)
+            except psycopg.Error as e:
+                _emit(out, {"event": "done", "run_id": msg["run_id"], "ok": False, "owner_unusable": True,
+                            "sqlstate": e.sqlstate or "28000",
+                            "message": f"cannot open a session as the job's owner {owner}: "
+                                       f"{str(e).strip()}"[:MAX_MESSAGE]})
+                continue
+            _emit(out, {"event": "backend", "run_id": msg["run_id"], "backend_pid": session.backend_pid,
+                        "role": session.role})
+        result = run_one(session.conn, msg, heartbeat)
         # Report first, then reset: the reset overlaps the parent's bookkeeping.
         _emit(out, result)
         if result.get("lost"):
             return EXIT_LOST
-        if not reset_session(conn):
+        if not reset_session(session.conn):
             _emit(out, {"event": "lost"})
             return EXIT_LOST
-    return EXIT_LOST if conn.closed or conn.broken else EXIT_OK
+    return EXIT_LOST if session.conn.closed or session.conn.broken else EXIT_OK
 
 
-def _requests(conn: psycopg.Connection[Any]) -> Iterator[bytes]:
+def _requests(session: Session) -> Iterator[bytes]:
     """Lines from stdin until it closes, or until the idle connection is lost.
 
     While waiting for a run the worker also watches its connection's socket: a
@@ -191,10 +237,11 @@ def _requests(conn: psycopg.Connection[Any]) -> Iterator[bytes]:
     every line that is waiting.
     """
     stdin = sys.stdin.fileno()
-    sock = conn.fileno()
     buf = b""
     while True:
         while b"\n" not in buf:
+            conn = session.conn  # the session may have reconnected as another owner
+            sock = conn.fileno()
             ready, _, _ = select.select([stdin, sock], [], [])
             if sock in ready and not _still_connected(conn):
                 return

@@ -191,19 +191,20 @@ $$;
 -- Runs that nobody will finish: their scheduler stopped, died or stopped
 -- heartbeating (dead_after), or, for run_job, the calling session is gone, or
 -- they are the caller's own but not among the runs it holds.
--- backend_app is the application_name of the run's backend if it still exists:
--- the caller terminates it only when that still names this run.
+-- orphan_pid is a backend still running the run (found by its application_name,
+-- which names the job and the run): the caller terminates it.
 -- The caller closes each as a crash (the counters were already raised at
 -- mark_start) and terminates any backend still executing it.
 CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, held bigint[])
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, backend_pid integer,
-               backend_app text, consecutive_crashes integer, schedule text, months integer,
+               orphan_pid integer, consecutive_crashes integer, schedule text, months integer,
                days integer, micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text,
                retry_period_s double precision)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.run_id, r.job_id, r.plan_time, r.backend_pid,
-           (SELECT a.application_name FROM pg_catalog.pg_stat_activity a WHERE a.pid = r.backend_pid),
+           (SELECT a.pid FROM pg_catalog.pg_stat_activity a
+             WHERE a.application_name = pg_catalog.format('pgsched job %s run %s', r.job_id, r.run_id) LIMIT 1),
            s.consecutive_crashes, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, j.initial_start,
            j.timezone, extract(epoch FROM j.retry_period)::float8
       FROM pgsched.job_run r
@@ -254,6 +255,12 @@ DECLARE
     e jsonb;
 BEGIN
     FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
+        -- The claim recorded the worker it meant; the one that ran it may differ (owner matching).
+        UPDATE pgsched.job_run r
+           SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
+         WHERE r.run_id = (e->>'run_id')::bigint AND r.outcome = 'running' AND e->>'worker_pid' IS NOT NULL
+           AND (r.worker_pid, r.backend_pid) IS DISTINCT FROM
+               ((e->>'worker_pid')::integer, (e->>'backend_pid')::integer);
         IF pgsched._mark_end((e->>'run_id')::bigint, e->>'outcome', e->>'sqlstate', e->>'message',
                              (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
                              e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'))
@@ -269,11 +276,12 @@ BEGIN
 END
 $$;
 
--- Terminate a backend only if it still runs what we think it runs: its pid may
--- have been reused since.
-CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(pid integer, app text)
+-- Terminate the backends still running a run: found by the application_name the
+-- worker gave it ('pgsched job J run R'), never by a pid that may have been reused.
+CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(app text)
 RETURNS boolean LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT coalesce((SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a
-                      WHERE a.pid = _terminate_run_backend.pid AND a.application_name = app), false)
+    SELECT coalesce(bool_or(pg_catalog.pg_terminate_backend(a.pid)), false)
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.application_name = app AND a.pid <> pg_catalog.pg_backend_pid()
 $$;
