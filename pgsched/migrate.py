@@ -76,10 +76,11 @@ def api_files(with_plpython: bool) -> list[Path]:
     files = sorted((_source_dir("sql") / "api").glob("*.sql"))
     if with_plpython:
         # PL/Python definitions replace the plain-SQL fallbacks of the same name,
-        # and must exist before the public wrappers are generated from pg_proc.
-        public = [f for f in files if f.name.startswith("90_")]
-        files = [f for f in files if f not in public]
-        files += sorted(_source_dir("plpython").glob("*.sql")) + public
+        # and must exist before the files numbered 90 and up, which work on every
+        # function there is: the public wrappers (90_) and the grants (95_).
+        last = [f for f in files if f.name >= "90_"]
+        files = [f for f in files if f not in last]
+        files += sorted(_source_dir("plpython").glob("*.sql")) + last
     return files
 
 

@@ -378,10 +378,12 @@ class Scheduler:
         elif kind == "lost":
             worker.retiring = True  # its connection died after its run ended: replace it
         elif kind == "error":
-            # Typically the connection limit: back off rather than respawn in a loop.
-            self._spawn_failures += 1
-            delay = min(0.2 * 2 ** self._spawn_failures, 10.0) * self.rng.uniform(0.8, 1.2)
-            self._spawn_at = time.monotonic() + delay
+            # Typically the connection limit, or a server still starting: back off rather than
+            # respawn in a loop. Workers of one round fail together: that is one failure, not eight.
+            if time.monotonic() >= self._spawn_at:
+                self._spawn_failures += 1
+            delay = min(0.1 * 2 ** self._spawn_failures, 5.0) * self.rng.uniform(0.8, 1.2)
+            self._spawn_at = max(self._spawn_at, time.monotonic() + delay)
             log.error("worker %s could not start (retrying in %.1fs): %s", worker.pid, delay, ev.get("message"))
 
     def _reap(self, worker: Worker) -> None:

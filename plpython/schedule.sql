@@ -171,8 +171,8 @@ import re
 from datetime import datetime, timedelta, timezone as _tz
 epoch = datetime(1970, 1, 1, tzinfo=_tz.utc)
 us = timedelta(microseconds=1)
-after = epoch + us * after_micros
 try:
+    after = epoch + us * after_micros
     tz = s.zone(timezone)
     if months is None:
         cron = s.parse_cron(schedule)
@@ -219,6 +219,11 @@ BEGIN
     IF next_runs.after IS NULL OR NOT pg_catalog.isfinite(next_runs.after) THEN
         PERFORM pgsched._bad_arg('after', coalesce(next_runs.after::text, 'NULL'), 'a finite timestamptz',
                                  CASE WHEN next_runs.after IS NULL THEN '22004' ELSE '22023' END);
+    END IF;
+    -- The schedule code's datetimes span the years 1 to 9999.
+    IF next_runs.after < '0001-01-02 00:00:00+00' OR next_runs.after >= '9999-12-30 00:00:00+00' THEN
+        PERFORM pgsched._bad_arg('after', format('%s is out of range', next_runs.after),
+                                 'a time between the years 1 and 9999');
     END IF;
     -- The same recognition and checks as add_job; any positive interval can be previewed.
     iv := pgsched._parse_schedule(next_runs.schedule, false);

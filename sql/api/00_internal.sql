@@ -135,6 +135,12 @@ BEGIN
         PERFORM pgsched._check_cron_syntax(schedule);
         RETURN NULL;
     END IF;
+    -- PostgreSQL's interval input skips some punctuation ('''; 1 hour' reads as 1 hour):
+    -- accept only what an interval is written with, so junk is refused, not stored.
+    IF schedule ~ '[^0-9A-Za-z[:space:].:+,@-]' THEN
+        PERFORM pgsched._bad_arg('schedule', format('%L is neither an interval nor a cron expression', schedule),
+                                 expected);
+    END IF;
     BEGIN
         iv := schedule::interval;
     EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow
@@ -245,6 +251,11 @@ BEGIN
       INTO p
       FROM pg_catalog.pg_proc pp JOIN pg_catalog.pg_namespace n ON n.oid = pp.pronamespace
      WHERE pp.oid = proc;
+    IF NOT FOUND THEN  -- a bare OID ('0', '-', or a dropped function's) passes the regproc cast
+        RAISE EXCEPTION USING ERRCODE = '42883',
+            MESSAGE = format('invalid %s: no function or procedure has OID %s', argument, proc::oid),
+            HINT = format('%s must be declared as (job_id integer, config jsonb)', argument);
+    END IF;
     IF p.prokind NOT IN ('f', 'p') OR p.pronargs <> 2
        OR p.arg0 <> 'integer'::regtype OR p.arg1 <> 'jsonb'::regtype THEN
         RAISE EXCEPTION USING ERRCODE = '42883',
@@ -255,7 +266,9 @@ BEGIN
     IF NOT pg_catalog.has_function_privilege(proc, 'EXECUTE') THEN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = format('invalid %s: role %I may not execute %s', argument, current_user, proc::regprocedure),
-            HINT = 'grant EXECUTE on it to the job owner';
+            DETAIL = 'a job runs as its owner (the role that adds it), so its owner must be allowed to execute it',
+            HINT = format('GRANT EXECUTE ON %s %s TO %I', CASE WHEN p.prokind = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
+                          proc::regprocedure, current_user);
     END IF;
     proc_schema := p.nspname;
     proc_name := p.proname;
@@ -286,6 +299,23 @@ BEGIN
 END
 $$;
 
+-- A job runs in a database session opened as its owner (docs/security.md), so
+-- the owner, the role that adds the job, must be able to log in.
+CREATE OR REPLACE FUNCTION pgsched._check_owner_can_login()
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT coalesce((SELECT r.rolcanlogin FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('role %I cannot own a job: it has no LOGIN', current_user),
+            DETAIL = 'pgsched runs every job in a database session opened as the job''s owner, '
+                     || 'so the owner must be allowed to log in',
+            HINT = format('ALTER ROLE %I LOGIN (and let the scheduler''s host authenticate as it), '
+                          || 'or add the job as a role that can log in', current_user);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgsched._job_not_found(job_id integer)
 RETURNS void LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -293,6 +323,26 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = '42704',
         MESSAGE = format('job %s not found', job_id),
         HINT = 'job_id must be the id of an existing job (see pgsched.jobs)';
+END
+$$;
+
+-- Called when a job was not found for writing: if the caller can still see it
+-- (a member of the database owner sees every job, 0002_security.sql), say that
+-- it is not theirs to change instead of pretending it does not exist. A job the
+-- caller cannot see stays "not found", so its existence does not leak.
+CREATE OR REPLACE FUNCTION pgsched._check_job_writable(job_id integer)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job_owner regrole;
+BEGIN
+    SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _check_job_writable.job_id;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('job %s belongs to role %s: role %I may see it but not change or run it',
+                             _check_job_writable.job_id, job_owner, current_user),
+            HINT = 'only its owner, or a member of the owner role, may alter, delete or run a job';
+    END IF;
 END
 $$;
 
@@ -317,8 +367,11 @@ CREATE OR REPLACE TRIGGER job_stat_notify AFTER INSERT OR UPDATE OR DELETE OR TR
 
 -- A job row always has its job_stat row, whether it came through add_job or
 -- direct DML; pausing and resuming are reflected in the state.
+-- SECURITY DEFINER: other roles may not write job_stat (0002_security.sql), but
+-- their job's own row follows what they did to the job, which row-level
+-- security has already allowed. A trigger function cannot be called directly.
 CREATE OR REPLACE FUNCTION pgsched._job_row_change()
-RETURNS trigger LANGUAGE plpgsql
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN

@@ -38,6 +38,11 @@ BEGIN
     IF job_name IS NOT NULL AND btrim(job_name) = '' THEN
         PERFORM pgsched._bad_arg('job_name', 'empty', 'a non-empty name, or NULL for a generated one');
     END IF;
+    -- (owner, job_name) is a unique index, whose entries must fit in a page.
+    IF length(job_name) > 500 THEN
+        PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(job_name)),
+                                 'a name of at most 500 characters');
+    END IF;
     RETURN iv;
 END
 $$;
@@ -56,6 +61,7 @@ DECLARE
     c_name name;
     id integer;
 BEGIN
+    PERFORM pgsched._check_owner_can_login();
     iv := pgsched._check_settings(schedule, fixed_schedule, timezone, max_runtime, max_retries, retry_period,
                                   catch_up, job_name);
     IF scheduled IS NULL THEN
@@ -193,6 +199,7 @@ BEGIN
     END IF;
     SELECT * INTO j FROM pgsched.job WHERE job.job_id = _alter_job.job_id FOR UPDATE;
     IF NOT FOUND THEN
+        PERFORM pgsched._check_job_writable(_alter_job.job_id);
         IF if_exists THEN
             RAISE NOTICE 'job % not found, skipping', _alter_job.job_id;
             RETURN;
@@ -307,6 +314,7 @@ BEGIN
     END IF;
     DELETE FROM pgsched.job j WHERE j.job_id = delete_job.job_id;
     IF NOT FOUND THEN
+        PERFORM pgsched._check_job_writable(delete_job.job_id);
         PERFORM pgsched._job_not_found(delete_job.job_id);
     END IF;
 END
@@ -324,6 +332,7 @@ BEGIN
     IF job_name IS NULL THEN
         PERFORM pgsched._bad_arg('job_name', 'NULL', 'a non-empty name', '22004');
     END IF;
+    PERFORM pgsched._check_owner_can_login();
     SELECT j.job_id INTO id FROM pgsched.job j
      WHERE j.owner = current_user::regrole AND j.job_name = schedule.job_name FOR UPDATE;
     IF id IS NULL THEN

@@ -103,12 +103,54 @@ BEGIN
 END
 $$;
 
+-- run_job's two marks. The caller may not write job_stat and job_run itself
+-- (0002_security.sql), so these run as the schema owner, and allow only what
+-- run_job does: start a manual run of a job the session's user may act for
+-- (session_user: every role this session can be is one it is a member of), and
+-- close a manual run that this very backend started.
+CREATE OR REPLACE FUNCTION pgsched._run_job_start(job_id integer)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job_owner oid;
+BEGIN
+    SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _run_job_start.job_id;
+    IF job_owner IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
+       OR NOT pg_catalog.pg_has_role(session_user, job_owner, 'MEMBER') THEN
+        PERFORM pgsched._job_not_found(_run_job_start.job_id);
+    END IF;
+    RETURN pgsched._mark_start(_run_job_start.job_id, pg_catalog.clock_timestamp(), 'manual', NULL,
+                               pg_catalog.pg_backend_pid());
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._run_job_end(run_id bigint, sqlstate text, message text)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                    WHERE r.run_id = _run_job_end.run_id AND r.trigger = 'manual' AND r.instance_id IS NULL
+                      AND r.backend_pid = pg_catalog.pg_backend_pid() AND r.outcome = 'running') THEN
+        RETURN false;
+    END IF;
+    RETURN pgsched._mark_end(_run_job_end.run_id, CASE WHEN _run_job_end.sqlstate IS NULL THEN 'success'
+                                                       ELSE 'failure' END,
+                             _run_job_end.sqlstate, _run_job_end.message, NULL);
+END
+$$;
+
 -- Run a job now in the calling session, recorded like any run. Must be called
 -- with CALL outside an explicit transaction block: it commits the start mark
 -- before running the job, so a session that dies mid-run is counted as a crash.
 -- The job runs inside a subtransaction so that its failure can be recorded;
 -- a procedure run this way therefore cannot COMMIT (the scheduler runs
 -- procedures at top level, where they can).
+-- The job runs as its owner: a caller who is not the owner but a member of it
+-- runs it under SET LOCAL ROLE; anyone else (the database owner, who sees all
+-- jobs) is refused, since running another role's SQL with one's own rights is
+-- how a trojan works. The session is still the caller's, so the job's SQL could
+-- RESET ROLE back to the caller: run by hand only jobs you trust; the
+-- scheduler's sessions, opened as the owner, are the isolated path.
 CREATE OR REPLACE PROCEDURE pgsched.run_job(job_id integer)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -119,6 +161,7 @@ DECLARE
     err_msg text;
     err_detail text;
     err_hint text;
+    owner_name name;
 BEGIN
     IF run_job.job_id IS NULL THEN
         PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
@@ -127,13 +170,29 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM pgsched._job_not_found(run_job.job_id);
     END IF;
+    SELECT r.rolname INTO owner_name FROM pg_catalog.pg_roles r WHERE r.oid = j.owner;
+    IF owner_name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = format('job %s belongs to role %s, which no longer exists', j.job_id, j.owner::oid),
+            HINT = 'delete the job with delete_job';
+    ELSIF owner_name <> current_user AND NOT pg_catalog.pg_has_role(current_user, j.owner, 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('job %s belongs to role %I, which role %I may not become', j.job_id, owner_name,
+                             current_user),
+            DETAIL = 'run_job runs the job in your session as its owner',
+            HINT = 'only the owner (or a member of the owner role) may run it by hand; the scheduler runs it as '
+                   || 'its owner';
+    END IF;
     IF j.kind = 'python' THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
             MESSAGE = format('job %s is a Python job: run it with `pgsched run %s` where its module is importable',
                              j.job_id, j.job_id);
     END IF;
-    rid := pgsched._mark_start(j.job_id, pg_catalog.clock_timestamp(), 'manual', NULL, pg_catalog.pg_backend_pid());
+    rid := pgsched._run_job_start(j.job_id);
     COMMIT;
+    IF owner_name <> current_user THEN
+        EXECUTE format('SET LOCAL ROLE %I', owner_name);
+    END IF;
     BEGIN
         IF j.kind = 'command' THEN
             EXECUTE j.command;
@@ -155,8 +214,7 @@ BEGIN
         GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_msg = MESSAGE_TEXT,
                                 err_detail = PG_EXCEPTION_DETAIL, err_hint = PG_EXCEPTION_HINT;
     END;
-    PERFORM pgsched._mark_end(rid, CASE WHEN err_state IS NULL THEN 'success' ELSE 'failure' END, err_state,
-                              err_msg, NULL);
+    PERFORM pgsched._run_job_end(rid, err_state, err_msg);
     COMMIT;
     -- Re-raise the job's own error; RAISE cannot take a NULL option and an empty one
     -- would still be shown, so only the parts the error had are passed on.

@@ -1,7 +1,10 @@
 -- What users read: jobs (definitions), job_stats (one row per job), job_history
 -- (one row per run). Columns may only be appended (CREATE OR REPLACE VIEW).
+-- security_invoker: the tables' row-level security applies to whoever reads the
+-- view, not to the view's owner (who, owning the tables, would see every row);
+-- so a role sees the rows, error messages included, of the jobs it may see.
 
-CREATE OR REPLACE VIEW pgsched.jobs AS
+CREATE OR REPLACE VIEW pgsched.jobs WITH (security_invoker = true) AS
 SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.proc_schema, j.proc_name, j.command, j.code_module, j.code_function,
        j.schedule, j.schedule_interval, j.fixed_schedule, j.initial_start, j.timezone,
@@ -11,7 +14,7 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 
-CREATE OR REPLACE VIEW pgsched.job_stats AS
+CREATE OR REPLACE VIEW pgsched.job_stats WITH (security_invoker = true) AS
 SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
        s.last_start, s.last_finish, s.last_successful_finish, s.last_run_success,
        CASE WHEN s.last_run_success THEN 'Success' WHEN NOT s.last_run_success THEN 'Failed' END
@@ -23,7 +26,7 @@ SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
   FROM pgsched.job_stat s
   JOIN pgsched.job j USING (job_id);
 
-CREATE OR REPLACE VIEW pgsched.job_history AS
+CREATE OR REPLACE VIEW pgsched.job_history WITH (security_invoker = true) AS
 SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigger,
        r.started_at, r.finished_at, r.finished_at - r.started_at AS duration,
        r.outcome, r.outcome = 'success' AS succeeded,
@@ -31,3 +34,6 @@ SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigge
        r.rows_affected, r.result
   FROM pgsched.job_run r
   JOIN pgsched.job j USING (job_id);
+
+-- Row-level security decides which rows; every role may ask.
+GRANT SELECT ON pgsched.jobs, pgsched.job_stats, pgsched.job_history TO PUBLIC;

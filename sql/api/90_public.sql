@@ -17,6 +17,13 @@ BEGIN
     IF to_regnamespace('public') IS NULL THEN
         RETURN;
     END IF;
+    -- Since PostgreSQL 15 only the database owner may create in public by default; a
+    -- scheduler role that does not own the database installs pgsched.* only.
+    IF NOT pg_catalog.has_schema_privilege('public', 'CREATE') THEN
+        RAISE WARNING USING MESSAGE = format('role %I may not create in schema public: the unqualified API '
+            || 'wrappers are not installed, use pgsched.* (or run pgsched init as a role that may)', current_user);
+        RETURN;
+    END IF;
     -- A wrapper of ours whose pgsched function changed signature (or is gone) would stay
     -- behind as an extra overload and make unqualified calls ambiguous: drop it.
     FOR p IN
@@ -75,8 +82,12 @@ BEGIN
             RAISE WARNING 'public.% exists and is not pgsched''s: use pgsched.% instead', v, v;
             CONTINUE;
         END IF;
-        EXECUTE format('CREATE OR REPLACE VIEW public.%I AS SELECT * FROM pgsched.%I', v, v);
+        -- security_invoker, like the pgsched views: without it, the reader's rights would
+        -- be those of this view's owner, who owns the tables and sees every row.
+        EXECUTE format('CREATE OR REPLACE VIEW public.%I WITH (security_invoker = true) AS SELECT * FROM pgsched.%I',
+                       v, v);
         EXECUTE format('COMMENT ON VIEW public.%I IS %L', v, marker);
+        EXECUTE format('GRANT SELECT ON public.%I TO PUBLIC', v);
     END LOOP;
 END
 $gen$;

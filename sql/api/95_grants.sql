@@ -1,0 +1,43 @@
+-- Who may execute which pgsched function (docs/security.md). Runs after every
+-- other API file (pgsched/migrate.py applies files numbered 90 and up last), so
+-- it sees every function there is, and is re-applied with them.
+--
+-- PostgreSQL lets PUBLIC execute every new function. Here that is kept only for
+-- an allowlist: the user-facing API and the internal helpers it calls as the
+-- invoker (all SECURITY INVOKER, so calling one directly gives no more than the
+-- API does: row-level security and the table grants decide). Everything else,
+-- the scheduler's functions (_claim, _finish_runs, _abandoned_runs,
+-- _register_instance, ...) and the raw run marks (_mark_start, _mark_end), is
+-- revoked from PUBLIC: only the role that owns the schema, the scheduler's,
+-- executes them. A new function is therefore private until listed here.
+
+DO $grants$
+DECLARE
+    public_api constant text[] := ARRAY[
+        -- the API (also reachable unqualified through the public wrappers)
+        'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs',
+        'plpython_available',
+        -- what the API calls as the invoker
+        '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',
+        '_interval_parts', '_interval_text', '_check_schedule_exact', '_first_start', '_check_proc',
+        '_check_config', '_check_owner_can_login', '_check_job_writable', '_job_not_found', '_check_settings', '_insert_job',
+        '_alter_job', '_catalog_admin',
+        -- run_job's marks: SECURITY DEFINER, limited to the caller's own manual run (20_runs.sql)
+        '_run_job_start', '_run_job_end',
+        -- PL/Python schedule code behind _check_schedule_exact, _first_start and next_runs
+        '_ts_micros', '_micros_ts', '_py_check_cron', '_py_first_start', '_py_next_runs',
+        -- trigger functions (only callable as triggers anyway)
+        '_notify_change', '_job_row_change', '_touch_updated_at', '_derive_schedule_interval'];
+    f record;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure AS sig, p.prokind, p.proname = ANY (public_api) AS allowed
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'pgsched'::regnamespace
+    LOOP
+        EXECUTE format(CASE WHEN f.allowed THEN 'GRANT EXECUTE ON %s %s TO PUBLIC'
+                            ELSE 'REVOKE EXECUTE ON %s %s FROM PUBLIC' END,
+                       CASE WHEN f.prokind = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, f.sig);
+    END LOOP;
+END
+$grants$;
