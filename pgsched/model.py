@@ -19,7 +19,7 @@ class Job:
     job_id: int
     job_name: str
     kind: str  # proc | command | python
-    owner: str
+    owner: str | None  # None: the owner role was dropped
     proc_schema: str | None
     proc_name: str | None
     is_procedure: bool | None  # None: the proc no longer exists

@@ -173,6 +173,12 @@ class Scheduler:
             self._flush()
         except psycopg.OperationalError as e:
             self._lost_connection(e)
+        except psycopg.Error as e:
+            # A catalog row the client cannot read (written by hand) must not stop the other
+            # jobs: report it, pause claiming a moment, and go on.
+            log.error("database error in the scheduler loop (continuing): %s", _first_line(e))
+            self._hold_claims_until = time.monotonic() + 1.0
+            self.dirty = True
 
     def _refresh_plan(self) -> None:
         assert self.store is not None
@@ -200,6 +206,8 @@ class Scheduler:
                     continue
                 except schedule.ScheduleError as e:
                     problem = f"the schedule has no further start: {e.message}"
+                except (OverflowError, ValueError) as e:
+                    problem = f"the schedule cannot be computed: {e}"
             self._disable_bad_job(job_id, problem or "invalid schedule")
         self.store.plan(starts)
 
@@ -224,7 +232,7 @@ class Scheduler:
         try:
             claimed, next_due = self.store.claim(
                 self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch)
-        except psycopg.OperationalError:
+        except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; closing is idempotent
             raise
         if batch:
@@ -273,6 +281,11 @@ class Scheduler:
     def _launch_run(self, worker: Worker, run: Run) -> None:
         job = run.job
         transition(job.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {run.run_id} claimed")
+        if job.owner is None:
+            self._fail_unrunnable(run.run_id, job.job_id,
+                                  "the job's owner role no longer exists: delete the job or give it a new owner",
+                                  run=run)
+            return
         if job.kind == "proc" and job.is_procedure is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist", run=run)
@@ -440,7 +453,7 @@ class Scheduler:
             end = replace(end, next_state=JobState.DISABLED, disable_reason=disable_reason, next_start=None)
         try:
             skipped = schedule.skipped_slots(job.schedule, plan_time=run.plan_time, finish=finish)
-        except schedule.ScheduleError:
+        except (ValueError, OverflowError):  # ScheduleError included: end_of_run above says why
             skipped = (0, None, None)
         current = JobState.TERMINATING if run.forced else JobState.STARTING
         transition(job.job_id, current, end.next_state, f"run {run.run_id} ended: {outcome}")
@@ -465,7 +478,7 @@ class Scheduler:
         batch, self.pending = self.pending, []
         try:
             self.store.finish(batch)
-        except psycopg.OperationalError:
+        except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; _mark_end is idempotent
             raise
         crashpoint("after_mark_end")
@@ -544,6 +557,8 @@ class Scheduler:
                                                 rng=self.rng)
             except schedule.ScheduleError as e:
                 problem = f"the schedule has no further start: {e.message}"
+            except (OverflowError, ValueError) as e:
+                problem = f"the schedule cannot be computed: {e}"
         if nxt is None:
             transition(a.job_id, JobState.STARTING, JobState.DISABLED, problem or "no next start")
             return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=problem,

@@ -100,6 +100,9 @@ def end_of_run(
                      failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
     except schedule.ScheduleError as e:
         return RunEnd(outcome, None, JobState.DISABLED, f"the schedule has no further start: {e.message}")
+    except (OverflowError, ValueError) as e:
+        # Absurd values written into the catalog by hand (a schedule of a million years).
+        return RunEnd(outcome, None, JobState.DISABLED, f"the schedule cannot be computed: {e}")
 
 
 def _next(job: Job, *, outcome: Outcome, plan_time: datetime, finish: datetime, failures: int, crashes: int,

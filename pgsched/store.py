@@ -214,9 +214,12 @@ class Store:
         """Jobs without next_start: (job_id, schedule or None, problem)."""
         out: list[tuple[int, Schedule | None, str | None]] = []
         for row in self._execute("SELECT * FROM pgsched._unplanned(%s)", (limit,)):
+            if row["infinite"]:
+                out.append((row["job_id"], None, "next_start is not a finite time"))
+                continue
             try:
                 out.append((row["job_id"], schedule_from_row(row), None))
-            except (schedule.ScheduleError, ValueError) as e:
+            except (schedule.ScheduleError, ValueError, OverflowError) as e:
                 out.append((row["job_id"], None, f"invalid schedule in the catalog: {e}"))
         return out
 
@@ -252,7 +255,7 @@ class Store:
         for row in rows:
             try:
                 job = _job_from_row(row)
-            except (schedule.ScheduleError, ValueError) as e:
+            except (schedule.ScheduleError, ValueError, OverflowError) as e:
                 out.append(Claimed(None, row["run_id"], row["job_id"], row["worker_pid"],
                                    f"invalid schedule in the catalog: {e}"))
                 continue
@@ -325,7 +328,7 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
     problem = None
     try:
         sched = schedule_from_row(row)
-    except (schedule.ScheduleError, ValueError) as e:
+    except (schedule.ScheduleError, ValueError, OverflowError) as e:
         problem = f"invalid schedule in the catalog: {e}"
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"],

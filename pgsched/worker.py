@@ -203,7 +203,12 @@ def main() -> int:
     _emit(out, {"event": "ready", "pid": os.getpid(), "backend_pid": session.backend_pid, "role": session.role})
     for line in _requests(session):
         msg = json.loads(line)
-        owner = msg.get("owner") or session.default_role
+        owner = msg.get("owner")
+        if not owner:
+            # Never fall back to the scheduler's own role.
+            _emit(out, {"event": "done", "run_id": msg["run_id"], "ok": False, "owner_unusable": True,
+                        "sqlstate": "28000", "message": "the run names no owner: refused"})
+            continue
         if owner != session.role:
             try:
                 session.become(owner)

@@ -2,6 +2,14 @@
 -- statement), the instance registry, finding runs nobody will finish, and the
 -- skipped-slot record. Closing a run is pgsched._mark_end (20_runs.sql).
 
+-- A timestamp as the scheduler can use it: +/-infinity (possible only by writing
+-- the catalog by hand) reads as NULL instead of failing in the client.
+CREATE OR REPLACE FUNCTION pgsched._finite(t timestamptz)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN pg_catalog.isfinite(t) THEN t END
+$$;
+
 -- Whether this instance may claim a job: SQL jobs always, Python jobs only
 -- where their module is loaded (an instance without it must not wake for them).
 CREATE OR REPLACE FUNCTION pgsched._claimable(kind text, code_module text, code_modules text[])
@@ -37,6 +45,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
           FROM (SELECT s.* FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= now() + ahead
+                   AND pg_catalog.isfinite(s.next_start)
                    AND pgsched._claimable(jj.kind, jj.code_module, code_modules)
                  ORDER BY s.next_start, s.job_id
                  LIMIT cardinality(worker_pids)
@@ -68,14 +77,16 @@ SET search_path = pg_catalog, pg_temp AS $$
     )
     SELECT r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid,
            d.consecutive_failures, d.consecutive_crashes,
-           j.job_name, j.kind, j.owner::text, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
+           -- The role's name as it logs in (regrole's text would be a quoted identifier), NULL if
+           -- the role was dropped: the scheduler then disables the job instead of running it.
+           j.job_name, j.kind, ro.rolname::text, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
            j.code_module, j.code_function, j.config, j.schedule, ip.months, ip.days, ip.micros,
-           j.fixed_schedule, j.initial_start, j.timezone, extract(epoch FROM j.max_runtime)::float8,
+           j.fixed_schedule, pgsched._finite(j.initial_start), j.timezone, extract(epoch FROM j.max_runtime)::float8,
            j.max_retries, extract(epoch FROM j.retry_period)::float8,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index).
            (SELECT s2.next_start FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
-             WHERE s2.state = 'scheduled' AND s2.next_start IS NOT NULL
+             WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
                AND pgsched._claimable(j2.kind, j2.code_module, code_modules)
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
@@ -83,6 +94,7 @@ SET search_path = pg_catalog, pg_temp AS $$
       FROM runs r
       JOIN due d ON d.job_id = r.job_id
       JOIN pgsched.job j ON j.job_id = r.job_id
+      LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
       LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
       LEFT JOIN LATERAL (
           SELECT p.prokind = 'p' AS is_procedure
@@ -97,14 +109,15 @@ $$;
 -- PL/Python, fixed schedules whose origin is past, conflicts cleared by _claim).
 CREATE OR REPLACE FUNCTION pgsched._unplanned(max_rows integer)
 RETURNS TABLE (job_id integer, schedule text, months integer, days integer, micros bigint,
-               fixed_schedule boolean, initial_start timestamptz, timezone text)
+               fixed_schedule boolean, initial_start timestamptz, timezone text, infinite boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, j.initial_start, j.timezone
+    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, pgsched._finite(j.initial_start),
+           j.timezone, s.next_start IS NOT NULL
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
       LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
-     WHERE s.state = 'scheduled' AND s.next_start IS NULL
+     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
      ORDER BY j.job_id
      LIMIT max_rows
 $$;
@@ -127,10 +140,11 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
     SELECT (SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
-             WHERE s.state = 'scheduled' AND s.next_start IS NOT NULL
+             WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
                AND pgsched._claimable(j.kind, j.code_module, code_modules)
              ORDER BY s.next_start LIMIT 1),
-           EXISTS (SELECT 1 FROM pgsched.job_stat s WHERE s.state = 'scheduled' AND s.next_start IS NULL),
+           EXISTS (SELECT 1 FROM pgsched.job_stat s
+                    WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))),
            clock_timestamp()
 $$;
 
@@ -205,7 +219,8 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.run_id, r.job_id, r.plan_time, r.backend_pid,
            (SELECT a.pid FROM pg_catalog.pg_stat_activity a
              WHERE a.application_name = pg_catalog.format('pgsched job %s run %s', r.job_id, r.run_id) LIMIT 1),
-           s.consecutive_crashes, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, j.initial_start,
+           s.consecutive_crashes, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule,
+           pgsched._finite(j.initial_start),
            j.timezone, extract(epoch FROM j.retry_period)::float8
       FROM pgsched.job_run r
       JOIN pgsched.job j ON j.job_id = r.job_id
@@ -247,35 +262,55 @@ $$;
 
 -- Close a batch of runs in one statement (one round trip): _mark_end for each,
 -- plus the skipped-slot record. Returns the ids of the runs it closed; a run
--- already closed by someone else is left as it is.
+-- already closed by someone else is left as it is. Each run is closed in its
+-- own subtransaction: a row that cannot be updated (absurd values written into
+-- the catalog by hand) closes its run and disables its job with the reason,
+-- instead of failing the whole batch again and again.
 CREATE OR REPLACE FUNCTION pgsched._finish_runs(ends jsonb)
 RETURNS SETOF bigint LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     e jsonb;
+    rid bigint;
+    closed boolean;
+    problem text;
 BEGIN
     FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
-        -- The claim recorded the worker it meant; the one that ran it may differ (owner matching).
-        UPDATE pgsched.job_run r
-           SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
-         WHERE r.run_id = (e->>'run_id')::bigint AND r.outcome = 'running' AND e->>'worker_pid' IS NOT NULL
-           AND (r.worker_pid, r.backend_pid) IS DISTINCT FROM
-               ((e->>'worker_pid')::integer, (e->>'backend_pid')::integer);
-        IF pgsched._mark_end((e->>'run_id')::bigint, e->>'outcome', e->>'sqlstate', e->>'message',
-                             (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
-                             e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'))
-        THEN
-            IF coalesce((e->>'skipped')::integer, 0) > 0 THEN
-                PERFORM pgsched._record_skipped((e->>'run_id')::bigint, (e->>'skipped')::integer,
+        rid := (e->>'run_id')::bigint;
+        BEGIN
+            -- The claim recorded the worker it meant; the one that ran it may differ (owner matching).
+            UPDATE pgsched.job_run r
+               SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
+             WHERE r.run_id = rid AND r.outcome = 'running' AND e->>'worker_pid' IS NOT NULL
+               AND (r.worker_pid, r.backend_pid) IS DISTINCT FROM
+                   ((e->>'worker_pid')::integer, (e->>'backend_pid')::integer);
+            closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message',
+                                        (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
+                                        e->>'disable_reason', (e->>'rows_affected')::bigint,
+                                        nullif(e->'result', 'null'));
+            IF closed AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
+                PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer,
                                                 (e->>'skipped_first')::timestamptz,
                                                 (e->>'skipped_last')::timestamptz);
             END IF;
-            RETURN NEXT (e->>'run_id')::bigint;
+        EXCEPTION WHEN OTHERS THEN
+            problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
+            UPDATE pgsched.job_run r
+               SET outcome = e->>'outcome', finished_at = (e->>'finished_at')::timestamptz,
+                   message = left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)
+             WHERE r.run_id = rid AND r.outcome = 'running';
+            closed := FOUND;
+            UPDATE pgsched.job_stat s SET state = 'disabled', current_run_id = NULL, disabled_reason = problem
+             WHERE s.current_run_id = rid;
+            UPDATE pgsched.job j SET scheduled = false
+             WHERE j.job_id = (SELECT r.job_id FROM pgsched.job_run r WHERE r.run_id = rid);
+        END;
+        IF closed THEN
+            RETURN NEXT rid;
         END IF;
     END LOOP;
 END
 $$;
-
 -- Terminate the backends still running a run: found by the application_name the
 -- worker gave it ('pgsched job J run R'), never by a pid that may have been reused.
 CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(app text)

@@ -261,3 +261,32 @@ def test_a_job_that_leaves_a_transaction_open_fails_and_the_worker_stays_clean(d
     assert row is not None and row[0] == "failure" and row[1] == "25001" and "transaction open" in row[2]
     assert one(jobs, "SELECT count(*) FROM hits WHERE job_id = -9") == 0
     assert runs_of(jobs, ok, "crash") == 0 and runs_of(jobs, ok, "failure") == 0
+
+
+def test_garbage_written_by_a_superuser_disables_each_bad_job_and_spares_the_rest(db: str, jobs: Conn) -> None:
+    ok = one(jobs, "SELECT add_job('hit', '300 milliseconds')")
+    bad = {name: one(jobs, "SELECT add_job(%s, '1 hour', job_name => %s)",
+                     "fail" if name == "overflow" else "hit", name)  # a failure adds 1 to the count
+           for name in ("infinite", "millennia", "overflow", "no proc", "bad tz")}
+    jobs.execute("UPDATE pgsched.job_stat SET next_start = 'infinity' WHERE job_id = %s", (bad["infinite"],))
+    jobs.execute("UPDATE pgsched.job SET schedule = '5000000 years' WHERE job_id = %s", (bad["millennia"],))
+    jobs.execute("UPDATE pgsched.job_stat SET consecutive_failures = 2147483647, next_start = now() "
+                 "WHERE job_id = %s", (bad["overflow"],))
+    jobs.execute("UPDATE pgsched.job SET proc_name = 'no_such_proc' WHERE job_id = %s", (bad["no proc"],))
+    jobs.execute("UPDATE pgsched.job SET timezone = 'Mars/Olympus' WHERE job_id = %s", (bad["bad tz"],))
+    jobs.execute("UPDATE pgsched.job_stat SET next_start = now() WHERE job_id IN (%s, %s, %s)",
+                 (bad["millennia"], bad["no proc"], bad["bad tz"]))
+
+    def all_bad_disabled() -> bool:
+        states = dict(jobs.execute("SELECT job_id, state FROM job_stats").fetchall())
+        return all(states[j] == "disabled" for j in bad.values()) and runs_of(jobs, ok, "success") >= 5
+
+    serve(db, all_bad_disabled)
+    reasons = dict(jobs.execute("SELECT job_id, disabled_reason FROM job_stats WHERE state = 'disabled'").fetchall())
+    assert "not a finite time" in reasons[bad["infinite"]]
+    assert "cannot be computed" in reasons[bad["millennia"]] or "invalid schedule" in reasons[bad["millennia"]]
+    assert "cannot be updated" in reasons[bad["overflow"]] and "integer out of range" in reasons[bad["overflow"]]
+    assert "does not exist" in reasons[bad["no proc"]]
+    assert "unknown time zone" in reasons[bad["bad tz"]]
+    assert runs_of(jobs, ok, "failure") == 0 and runs_of(jobs, ok, "crash") == 0
+    assert one(jobs, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'running'") == 0
