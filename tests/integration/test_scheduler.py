@@ -278,11 +278,12 @@ def test_garbage_written_by_a_superuser_disables_each_bad_job_and_spares_the_res
                  (bad["millennia"], bad["no proc"], bad["bad tz"]))
 
     def all_bad_disabled() -> bool:
-        states = dict(jobs.execute("SELECT job_id, state FROM job_stats").fetchall())
+        states: dict[int, str] = dict(jobs.execute("SELECT job_id, state FROM job_stats").fetchall())
         return all(states[j] == "disabled" for j in bad.values()) and runs_of(jobs, ok, "success") >= 5
 
     serve(db, all_bad_disabled)
-    reasons = dict(jobs.execute("SELECT job_id, disabled_reason FROM job_stats WHERE state = 'disabled'").fetchall())
+    reasons: dict[int, str] = dict(
+        jobs.execute("SELECT job_id, disabled_reason FROM job_stats WHERE state = 'disabled'").fetchall())
     assert "not a finite time" in reasons[bad["infinite"]]
     assert "cannot be computed" in reasons[bad["millennia"]] or "invalid schedule" in reasons[bad["millennia"]]
     assert "cannot be updated" in reasons[bad["overflow"]] and "integer out of range" in reasons[bad["overflow"]]
