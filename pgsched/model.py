@@ -49,6 +49,7 @@ class Run:
     deadline: datetime | None = None
     terminate_at: datetime | None = None  # when a cancelled run gets terminated/killed
     forced: str | None = None  # 'timeout' or 'cancelled' once the scheduler decided to stop the run
+    pids_changed: bool = False  # another worker or backend than the claim recorded ran it
 
     @property
     def app_name(self) -> str:

@@ -275,7 +275,8 @@ class Scheduler:
         for c in runs:
             w = paired.get(c.run_id) or free.pop(0)
             assert c.run is not None
-            c.run.worker_pid, c.run.backend_pid = w.pid, w.backend_pid
+            if (c.run.worker_pid, c.run.backend_pid) != (w.pid, w.backend_pid):
+                c.run.worker_pid, c.run.backend_pid, c.run.pids_changed = w.pid, w.backend_pid, True
         claimed[:] = [replace(c, worker_pid=c.run.worker_pid) if c.run is not None else c for c in claimed]
 
     def _launch_run(self, worker: Worker, run: Run) -> None:
@@ -348,7 +349,7 @@ class Scheduler:
             worker.backend_pid = int(str(ev["backend_pid"]))
             worker.role = str(ev.get("role") or "") or None
             if worker.run is not None:
-                worker.run.backend_pid = worker.backend_pid
+                worker.run.backend_pid, worker.run.pids_changed = worker.backend_pid, True
         if kind == "ready":
             worker.ready = True
             self._spawn_failures = 0
@@ -467,7 +468,9 @@ class Scheduler:
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=skipped,
-            rows_affected=rows_affected, result=result, worker_pid=run.worker_pid, backend_pid=run.backend_pid,
+            rows_affected=rows_affected, result=result,
+            worker_pid=run.worker_pid if run.pids_changed else None,
+            backend_pid=run.backend_pid if run.pids_changed else None,
         ))
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start

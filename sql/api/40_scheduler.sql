@@ -2,21 +2,13 @@
 -- statement), the instance registry, finding runs nobody will finish, and the
 -- skipped-slot record. Closing a run is pgsched._mark_end (20_runs.sql).
 
--- A timestamp as the scheduler can use it: +/-infinity (possible only by writing
--- the catalog by hand) reads as NULL instead of failing in the client.
-CREATE OR REPLACE FUNCTION pgsched._finite(t timestamptz)
-RETURNS timestamptz LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT CASE WHEN pg_catalog.isfinite(t) THEN t END
-$$;
-
--- Whether this instance may claim a job: SQL jobs always, Python jobs only
--- where their module is loaded (an instance without it must not wake for them).
-CREATE OR REPLACE FUNCTION pgsched._claimable(kind text, code_module text, code_modules text[])
-RETURNS boolean LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT kind <> 'python' OR code_module = ANY (code_modules)
-$$;
+-- Python jobs are claimed only by instances that loaded their module (an instance
+-- without it must not wake for them): the condition
+--     kind <> 'python' OR code_module = ANY (code_modules)
+-- is written out in each query below rather than called, because a function with a
+-- pinned search_path cannot be inlined and would cost a call per candidate row.
+-- Likewise +/-infinity timestamps (possible only by writing the catalog by hand)
+-- are filtered with isfinite() and read as NULL, never handed to the client.
 
 -- Claim up to cardinality(worker_pids) due jobs, most overdue first, and mark
 -- their start: each gets a 'running' job_run row carrying the worker that will
@@ -38,15 +30,20 @@ RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at 
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
                initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
                retry_period_s double precision, next_due timestamptz, db_now timestamptz)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
+-- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
+-- function would plan the whole query again on every claim.
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH due AS (
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
           FROM (SELECT s.* FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= now() + ahead
                    AND pg_catalog.isfinite(s.next_start)
-                   AND pgsched._claimable(jj.kind, jj.code_module, code_modules)
+                   AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
                  ORDER BY s.next_start, s.job_id
                  LIMIT cardinality(worker_pids)
                    FOR UPDATE OF s SKIP LOCKED) s
@@ -81,13 +78,13 @@ SET search_path = pg_catalog, pg_temp AS $$
            -- the role was dropped: the scheduler then disables the job instead of running it.
            j.job_name, j.kind, ro.rolname::text, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
            j.code_module, j.code_function, j.config, j.schedule, ip.months, ip.days, ip.micros,
-           j.fixed_schedule, pgsched._finite(j.initial_start), j.timezone, extract(epoch FROM j.max_runtime)::float8,
+           j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END, j.timezone, extract(epoch FROM j.max_runtime)::float8,
            j.max_retries, extract(epoch FROM j.retry_period)::float8,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index).
            (SELECT s2.next_start FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
              WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
-               AND pgsched._claimable(j2.kind, j2.code_module, code_modules)
+               AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
            clock_timestamp()
@@ -102,7 +99,8 @@ SET search_path = pg_catalog, pg_temp AS $$
            WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
              AND p.proargtypes = '23 3802'::pg_catalog.oidvector
       ) pr ON true
-     ORDER BY r.plan_time, r.job_id
+     ORDER BY r.plan_time, r.job_id;
+END
 $$;
 
 -- Jobs whose next_start nobody has computed yet (cron jobs on a server without
@@ -112,7 +110,7 @@ RETURNS TABLE (job_id integer, schedule text, months integer, days integer, micr
                fixed_schedule boolean, initial_start timestamptz, timezone text, infinite boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, pgsched._finite(j.initial_start),
+    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
            j.timezone, s.next_start IS NOT NULL
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
@@ -141,7 +139,7 @@ SET search_path = pg_catalog, pg_temp AS $$
     -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
     SELECT (SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
              WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
-               AND pgsched._claimable(j.kind, j.code_module, code_modules)
+               AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
              ORDER BY s.next_start LIMIT 1),
            EXISTS (SELECT 1 FROM pgsched.job_stat s
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))),
@@ -220,7 +218,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            (SELECT a.pid FROM pg_catalog.pg_stat_activity a
              WHERE a.application_name = pg_catalog.format('pgsched job %s run %s', r.job_id, r.run_id) LIMIT 1),
            s.consecutive_crashes, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule,
-           pgsched._finite(j.initial_start),
+           CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
            j.timezone, extract(epoch FROM j.retry_period)::float8
       FROM pgsched.job_run r
       JOIN pgsched.job j ON j.job_id = r.job_id
@@ -262,56 +260,75 @@ $$;
 
 -- Close a batch of runs in one statement (one round trip): _mark_end for each,
 -- plus the skipped-slot record. Returns the ids of the runs it closed; a run
--- already closed by someone else is left as it is. Each run is closed in its
--- own subtransaction: a row that cannot be updated (absurd values written into
--- the catalog by hand) closes its run and disables its job with the reason,
--- instead of failing the whole batch again and again.
+-- already closed by someone else is left as it is. The batch is tried in one
+-- subtransaction; only if that fails is it retried a run at a time, so that a row
+-- that cannot be updated (absurd values written into the catalog by hand) closes
+-- its run and disables its job with the reason instead of failing every batch.
 CREATE OR REPLACE FUNCTION pgsched._finish_runs(ends jsonb)
 RETURNS SETOF bigint LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     e jsonb;
-    rid bigint;
-    closed boolean;
+    closed bigint[] := '{}';
     problem text;
 BEGIN
-    FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
-        rid := (e->>'run_id')::bigint;
-        BEGIN
-            -- The claim recorded the worker it meant; the one that ran it may differ (owner matching).
-            UPDATE pgsched.job_run r
-               SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
-             WHERE r.run_id = rid AND r.outcome = 'running' AND e->>'worker_pid' IS NOT NULL
-               AND (r.worker_pid, r.backend_pid) IS DISTINCT FROM
-                   ((e->>'worker_pid')::integer, (e->>'backend_pid')::integer);
-            closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message',
-                                        (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
-                                        e->>'disable_reason', (e->>'rows_affected')::bigint,
-                                        nullif(e->'result', 'null'));
-            IF closed AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
-                PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer,
-                                                (e->>'skipped_first')::timestamptz,
-                                                (e->>'skipped_last')::timestamptz);
+    BEGIN
+        FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
+            IF pgsched._finish_run(e) THEN
+                closed := closed || (e->>'run_id')::bigint;
             END IF;
-        EXCEPTION WHEN OTHERS THEN
-            problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
-            UPDATE pgsched.job_run r
-               SET outcome = e->>'outcome', finished_at = (e->>'finished_at')::timestamptz,
-                   message = left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)
-             WHERE r.run_id = rid AND r.outcome = 'running';
-            closed := FOUND;
-            UPDATE pgsched.job_stat s SET state = 'disabled', current_run_id = NULL, disabled_reason = problem
-             WHERE s.current_run_id = rid;
-            UPDATE pgsched.job j SET scheduled = false
-             WHERE j.job_id = (SELECT r.job_id FROM pgsched.job_run r WHERE r.run_id = rid);
-        END;
-        IF closed THEN
-            RETURN NEXT rid;
-        END IF;
-    END LOOP;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        closed := '{}';
+        FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
+            BEGIN
+                IF pgsched._finish_run(e) THEN
+                    closed := closed || (e->>'run_id')::bigint;
+                END IF;
+            EXCEPTION WHEN OTHERS THEN
+                problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
+                UPDATE pgsched.job_run r
+                   SET outcome = e->>'outcome', finished_at = (e->>'finished_at')::timestamptz,
+                       message = left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)
+                 WHERE r.run_id = (e->>'run_id')::bigint AND r.outcome = 'running';
+                IF FOUND THEN
+                    closed := closed || (e->>'run_id')::bigint;
+                END IF;
+                UPDATE pgsched.job_stat s SET state = 'disabled', current_run_id = NULL, disabled_reason = problem
+                 WHERE s.current_run_id = (e->>'run_id')::bigint;
+                UPDATE pgsched.job j SET scheduled = false
+                 WHERE j.job_id = (SELECT r.job_id FROM pgsched.job_run r WHERE r.run_id = (e->>'run_id')::bigint);
+            END;
+        END LOOP;
+    END;
+    RETURN QUERY SELECT unnest(closed);
 END
 $$;
--- Terminate the backends still running a run: found by the application_name the
+
+-- One run of _finish_runs' batch.
+CREATE OR REPLACE FUNCTION pgsched._finish_run(e jsonb)
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rid bigint := (e->>'run_id')::bigint;
+    closed boolean;
+BEGIN
+    IF e->>'worker_pid' IS NOT NULL THEN
+        -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
+        UPDATE pgsched.job_run r
+           SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
+         WHERE r.run_id = rid AND r.outcome = 'running';
+    END IF;
+    closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message',
+                                (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
+                                e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'));
+    IF closed AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
+        PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
+                                        (e->>'skipped_last')::timestamptz);
+    END IF;
+    RETURN closed;
+END
+$$;-- Terminate the backends still running a run: found by the application_name the
 -- worker gave it ('pgsched job J run R'), never by a pid that may have been reused.
 CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(app text)
 RETURNS boolean LANGUAGE sql
