@@ -545,3 +545,38 @@ def test_sighup_reloads_settings_and_sigusr1_logs_stats(jobs_db: str, serve: Ser
     wait_for(lambda: stats(dsn, job)["total_successes"] >= 3, 6, "runs after the bad reload")
     s.signal(signal.SIGTERM)
     assert s.wait_exit(5) == 0
+
+
+# -- several instances on one database ----------------------------------------------------------------
+
+def test_two_instances_never_run_a_plan_twice_and_share_the_load(jobs_db: str, serve: ServeFactory) -> None:
+    """Every planned run executes once, checked by a side effect, not only by the unique key."""
+    dsn = jobs_db
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE effects (job_id int, plan_time timestamptz, instance text)")
+        conn.execute("""CREATE PROCEDURE public.effect(job_id int, config jsonb) LANGUAGE sql AS $$
+                        INSERT INTO effects SELECT job_id, r.plan_time, r.instance_id::text
+                          FROM pgsched.job_run r
+                         WHERE r.job_id = effect.job_id AND r.outcome = 'running' $$""")
+        for _ in range(20):
+            conn.execute("SELECT add_job('effect', '300 milliseconds')")
+    a = serve(dsn, "--max-workers", "2", *FAST)
+    b = serve(dsn, "--max-workers", "2", *FAST)
+    wait_for(lambda: len(query(dsn, "SELECT 1 FROM effects")) >= 300 or None, 40, "300 runs")
+    live = query(dsn, "SELECT instance_id, alive, max_workers FROM pgsched.instances ORDER BY instance_id")
+    assert [(r["instance_id"], r["alive"], r["max_workers"]) for r in live] == [
+        (a.instance_id, True, 2), (b.instance_id, True, 2)]
+    for s in (a, b):
+        s.signal(signal.SIGTERM)
+    for s in (a, b):
+        assert s.wait_exit(10) == 0
+    dupes = query(dsn, "SELECT job_id, plan_time, count(*) AS n FROM effects GROUP BY 1, 2 HAVING count(*) > 1")
+    assert dupes == []
+    per_instance = {r["instance"]: r["n"] for r in query(dsn, "SELECT instance, count(*) AS n FROM effects "
+                                                              "GROUP BY 1")}
+    assert set(per_instance) == {str(a.instance_id), str(b.instance_id)}  # both took work
+    assert query(dsn, "SELECT count(*) AS n FROM pgsched.job_run WHERE outcome IN ('crash', 'failure')") == [
+        {"n": 0}]
+    inst = query(dsn, "SELECT instance_id, alive, runs_in_progress, stopped_at IS NOT NULL AS stopped "
+                      "FROM pgsched.instances ORDER BY instance_id")
+    assert [(r["alive"], r["runs_in_progress"], r["stopped"]) for r in inst] == [(False, 0, True)] * 2
