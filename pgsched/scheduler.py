@@ -31,7 +31,7 @@ from pgsched.errors import DeployError, SchemaVersionMismatch
 from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.model import Run
-from pgsched.state import JobState, Outcome, end_of_run, transition
+from pgsched.state import JobState, Outcome, RunEnd, after_crash, end_of_run, transition, unusable
 from pgsched.store import Abandoned, Claimed, Finish, Store
 
 log = logging.getLogger("pgsched.scheduler")
@@ -204,10 +204,8 @@ class Scheduler:
                 try:
                     starts.append((job_id, schedule.first_start(sched, now)))
                     continue
-                except schedule.ScheduleError as e:
-                    problem = f"the schedule has no further start: {e.message}"
-                except (OverflowError, ValueError) as e:
-                    problem = f"the schedule cannot be computed: {e}"
+                except (ValueError, OverflowError) as e:
+                    problem = unusable(e)
             self._disable_bad_job(job_id, problem or "invalid schedule")
         self.store.plan(starts)
 
@@ -284,12 +282,11 @@ class Scheduler:
         transition(job.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {run.run_id} claimed")
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
-                                  "the job's owner role no longer exists: delete the job or give it a new owner",
-                                  run=run)
+                                  "the job's owner role no longer exists: delete the job or give it a new owner")
             return
         if job.kind == "proc" and job.is_procedure is None:
             self._fail_unrunnable(run.run_id, job.job_id,
-                                  f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist", run=run)
+                                  f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist")
             return
         if job.max_runtime is not None:
             run.deadline = run.started_at + job.max_runtime
@@ -314,7 +311,7 @@ class Scheduler:
             # The worker died between claim and send; reaping it records the crash.
             worker.retiring = True
 
-    def _fail_unrunnable(self, run_id: int, job_id: int, reason: str, run: Run | None = None) -> None:
+    def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
         transition(job_id, JobState.STARTING, JobState.DISABLED, reason)
         log.error("job %s cannot run and is disabled: %s", job_id, reason)
@@ -551,27 +548,18 @@ class Scheduler:
             self.store.terminate_run_backend(f"pgsched job {a.job_id} run {a.run_id}")
         log.warning("run %s of job %s was abandoned by its scheduler or session: recorded as a crash",
                     a.run_id, a.job_id)
-        problem = a.problem
-        nxt: datetime | None = None
-        if a.schedule is not None:
-            try:
-                nxt = schedule.next_after_crash(a.schedule, plan_time=a.plan_time, now=now,
-                                                crashes=a.consecutive_crashes, retry_period=a.retry_period,
-                                                rng=self.rng)
-            except schedule.ScheduleError as e:
-                problem = f"the schedule has no further start: {e.message}"
-            except (OverflowError, ValueError) as e:
-                problem = f"the schedule cannot be computed: {e}"
-        if nxt is None:
-            transition(a.job_id, JobState.STARTING, JobState.DISABLED, problem or "no next start")
-            return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=problem,
-                          next_start=None, finished_at=now, disable_reason=problem)
-        transition(a.job_id, JobState.STARTING, JobState.SCHEDULED, f"run {a.run_id} abandoned: crash")
-        if startup:
+        if a.schedule is None:
+            end = RunEnd(Outcome.CRASH, None, JobState.DISABLED, a.problem or "invalid schedule")
+        else:
+            end = after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
+                              retry_period=a.retry_period, rng=self.rng)
+        transition(a.job_id, JobState.STARTING, end.next_state, f"run {a.run_id} abandoned: crash")
+        nxt = end.next_start
+        if nxt is not None and startup:
             nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
         return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None,
-                      message="the run's scheduler or session ended before the run did", next_start=nxt,
-                      finished_at=now)
+                      message=end.disable_reason or "the run's scheduler or session ended before the run did",
+                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason)
 
     # -- connection ---------------------------------------------------------------------
     def _connect(self, *, startup: bool) -> None:

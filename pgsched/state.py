@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pgsched import schedule
@@ -98,11 +98,27 @@ def end_of_run(
     try:
         return _next(job, outcome=outcome, plan_time=plan_time, finish=finish,
                      failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
-    except schedule.ScheduleError as e:
-        return RunEnd(outcome, None, JobState.DISABLED, f"the schedule has no further start: {e.message}")
-    except (OverflowError, ValueError) as e:
-        # Absurd values written into the catalog by hand (a schedule of a million years).
-        return RunEnd(outcome, None, JobState.DISABLED, f"the schedule cannot be computed: {e}")
+    except (ValueError, OverflowError) as e:
+        return RunEnd(outcome, None, JobState.DISABLED, unusable(e))
+
+
+def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, crashes: int,
+                retry_period: timedelta, rng: random.Random) -> RunEnd:
+    """Next start of a run found crashed at `now` (crashes: the counter including this one)."""
+    try:
+        nxt = schedule.next_after_crash(s, plan_time=plan_time, now=now, crashes=crashes,
+                                        retry_period=retry_period, rng=rng)
+    except (ValueError, OverflowError) as e:
+        return RunEnd(Outcome.CRASH, None, JobState.DISABLED, unusable(e))
+    return RunEnd(Outcome.CRASH, nxt, JobState.SCHEDULED)
+
+
+def unusable(e: ValueError | OverflowError) -> str:
+    """Why a schedule gives no next start: the reason its job is disabled with."""
+    if isinstance(e, schedule.ScheduleError):
+        return f"the schedule has no further start: {e.message}"
+    # Absurd values written into the catalog by hand (a schedule of a million years).
+    return f"the schedule cannot be computed: {e}"
 
 
 def _next(job: Job, *, outcome: Outcome, plan_time: datetime, finish: datetime, failures: int, crashes: int,

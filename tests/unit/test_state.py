@@ -144,3 +144,17 @@ def test_a_cron_without_further_firings_disables_the_job() -> None:
                      consecutive_crashes=0, message=None, rng=random.Random(0))
     assert end.next_state is JobState.DISABLED and end.next_start is None
     assert end.disable_reason is not None and "no further start" in end.disable_reason
+
+
+def test_after_crash_backs_off_or_disables_a_schedule_without_a_next_start() -> None:
+    from pgsched.state import after_crash
+
+    end = after_crash(DRIFT_HOUR, plan_time=T0, now=T0, crashes=1, retry_period=timedelta(minutes=1),
+                      rng=random.Random(0))
+    assert end.next_state is JobState.SCHEDULED and end.next_start is not None
+    assert timedelta(seconds=54) <= end.next_start - T0 <= timedelta(seconds=66)
+    once = Schedule(interval=None, cron=parse_cron("0 0 0 1 1 * 2026"))
+    gone = after_crash(once, plan_time=T0, now=T0, crashes=1, retry_period=timedelta(minutes=1),
+                       rng=random.Random(0))
+    assert gone.next_state is JobState.DISABLED and gone.next_start is None
+    assert gone.disable_reason is not None and "no further start" in gone.disable_reason
