@@ -145,7 +145,13 @@ def test_the_scheduler_password_is_never_logged_or_stored(odb: OwnerDb, admin: C
         bad = int(str(scalar(alice, "SELECT pgsched.schedule('bad', '1 hour', 'SELECT 1/0')")))
     with caplog.at_level(logging.DEBUG):
         serve_as_scheduler(odb, lambda: ended(admin, [bad]))
+        # The path that does print a DSN: a server the scheduler cannot reach.
+        params = psycopg.conninfo.conninfo_to_dict(odb.dsn(odb.scheduler))
+        unreachable = psycopg.conninfo.make_conninfo(**{**{k: str(v) for k, v in params.items()}, "port": "1"})
+        t0 = time.monotonic()
+        Scheduler(Settings(dsn=unreachable, max_workers=1)).run(until=lambda: time.monotonic() - t0 > 1)
     assert PASSWORD in odb.dsn(odb.scheduler)
+    assert "cannot connect to" in caplog.text and "password=***" in caplog.text
     assert PASSWORD not in caplog.text
     stored = rows(admin, "SELECT coalesce(string_agg(coalesce(message, ''), ' '), '') AS m FROM pgsched.job_run")
     assert PASSWORD not in stored[0]["m"]
