@@ -77,8 +77,14 @@ def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | sql.Composed, tuple[An
 
 
 def _session_settings(msg: dict[str, Any]) -> list[tuple[str, str]]:
-    """(setting, value) a run needs: its application_name (its role is the session's: see Session)."""
-    return [("application_name", str(msg["app"]))]
+    """(setting, value) a run needs (its role is the session's: see Session).
+
+    application_name names the run in pg_stat_activity; pgsched.run_id, pgsched.plan_time
+    and pgsched.scope let the job's SQL know which planned run it is (current_setting()),
+    e.g. to process exactly the period its plan time closes. DISCARD ALL clears them.
+    """
+    return [("application_name", str(msg["app"])), ("pgsched.run_id", str(msg["run_id"])),
+            ("pgsched.plan_time", str(msg["plan_time"])), ("pgsched.scope", str(msg.get("scope") or ""))]
 
 
 class Session:

@@ -158,10 +158,12 @@ RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH r AS (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = _record_skipped.run_id),
     ins AS (
-        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at)
+        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT r.job_id, first_slot, 'schedule', 'skipped',
                format('%s slot(s) from %s to %s skipped: run %s was still in progress', skipped, first_slot,
-                      last_slot, _record_skipped.run_id), clock_timestamp()
+                      last_slot, _record_skipped.run_id), clock_timestamp(),
+               -- The range in a form a program can check every slot against.
+               jsonb_build_object('first', first_slot, 'last', last_slot, 'count', skipped)
           FROM r
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING)
     UPDATE pgsched.job_stat s SET total_skipped = s.total_skipped + skipped
