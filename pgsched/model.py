@@ -5,10 +5,11 @@ Only runs in progress are held in memory; the catalog stays the source of truth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgsched.catchup import Policy
 from pgsched.schedule import Schedule
 
 
@@ -31,6 +32,9 @@ class Job:
     max_runtime: timedelta | None
     max_retries: int
     retry_period: timedelta
+    catch_up: Policy = field(default_factory=Policy)
+    schedule_delay: timedelta = timedelta(0)  # a plan becomes eligible this long after its plan time
+    allow_stale_reentry: bool = False
 
 
 @dataclass
@@ -53,5 +57,8 @@ class Run:
 
     @property
     def app_name(self) -> str:
-        """application_name of the run's backend: names the job and run in pg_stat_activity."""
-        return f"pgsched job {self.job.job_id} run {self.run_id}"
+        """application_name of the run's backend: names the job, run and lease in pg_stat_activity.
+
+        The lease token tells a taken-over attempt's backend from the stale one's.
+        """
+        return f"pgsched job {self.job.job_id} run {self.run_id} lease {self.lease_token}"

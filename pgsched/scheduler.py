@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from pgsched import __version__, app, launcher, schedule
+from pgsched import __version__, app, catchup, launcher, schedule
 from pgsched.clock import Clock, DbClock
 from pgsched.config import redact
 from pgsched.errors import DeployError, SchemaVersionMismatch
@@ -44,8 +44,12 @@ class Settings:
     shutdown_timeout: float = 30.0
     crash_wait: float = 300.0  # after a scheduler start, a crashed job waits this long before running again
     safety_interval: float = 30.0  # re-read the catalog at least this often, NOTIFY or not
-    heartbeat_interval: float = 5.0
-    dead_after: float = 15.0  # an instance silent this long is presumed dead
+    # Every heartbeat_interval an instance renews its own heartbeat and its runs' leases, and
+    # looks for runs of others that nobody will finish: a dead instance's runs are found
+    # within about two intervals (its session is gone), a paused one's after dead_after
+    # (its leases went stale).
+    heartbeat_interval: float = 2.0
+    dead_after: float = 10.0
     terminate_grace: float = 2.0  # between cancelling a run's query and killing it
     reconnect_max: float = 10.0
     standby_poll: float = 5.0
@@ -84,6 +88,7 @@ class Scheduler:
         self._spawn_failures = 0
         self._spawn_at = 0.0
         self._safety_at = 0.0
+        self._catch_up_due = True
         self._heartbeat_at = 0.0
         self._reconnect_at = 0.0
         self._reconnect_delay = 0.2
@@ -161,10 +166,10 @@ class Scheduler:
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None
-                found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after,
-                                             self._held())
-                self._heartbeat_at = now_mono + self.settings.heartbeat_interval
-                self._close_abandoned(found, startup=False)
+                # A run whose scheduler died just before we started is hidden from our first
+                # heartbeat by the grace period (its session may come back): it is still one that
+                # crashed across a start, and gets the crash wait.
+                self._heartbeat(startup=now_mono - self.started_mono < 2 * self.settings.heartbeat_interval)
             if self.dirty or now_mono >= self._safety_at:
                 self._refresh_plan()
             self._ensure_workers()
@@ -183,6 +188,9 @@ class Scheduler:
     def _refresh_plan(self) -> None:
         assert self.store is not None
         self.dirty = False
+        if self._catch_up_due or time.monotonic() >= self._safety_at:
+            self._catch_up_due = False
+            self._catch_up()
         self._safety_at = time.monotonic() + self.settings.safety_interval
         next_due, unplanned = self.store.next_due()
         if unplanned:
@@ -194,6 +202,27 @@ class Scheduler:
             if f.next_start is not None and (next_due is None or f.next_start < next_due):
                 next_due = f.next_start
         self.next_due = next_due
+
+    def _catch_up(self) -> None:
+        """Apply each overdue job's catch-up policy (pgsched/catchup.py): what runs, what is missed."""
+        assert self.store is not None
+        changes = []
+        for b in self.store.behind(timedelta(seconds=CATCH_UP_LATE)):
+            if b.schedule is None:
+                continue
+            now = self.clock.now()
+            try:
+                d = catchup.decide(b.schedule, b.policy, plan=b.next_start - b.schedule_delay,
+                                   horizon=now - b.schedule_delay)
+            except (ValueError, OverflowError):
+                continue  # the claim or the end of the run disables it with the reason
+            if d.missed:
+                log.warning("job %s is behind (catch_up = %s): %d plan(s) from %s to %s missed; next plan %s",
+                            b.job_id, b.policy.mode, d.missed, _iso(d.first_missed), _iso(d.last_missed),
+                            d.plan.isoformat())
+            if d.missed or d.plan != b.next_start - b.schedule_delay:
+                changes.append((b, d))
+        self.store.catch_up(changes)
 
     def _plan_unplanned(self) -> None:
         assert self.store is not None
@@ -305,7 +334,7 @@ class Scheduler:
                 "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": "",
                 # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
                 # whatever its own set-up took.
-                "start_at": time.monotonic() + max(0.0, (run.plan_time - self.clock.now()).total_seconds()),
+                "start_at": time.monotonic() + max(0.0, (run.started_at - self.clock.now()).total_seconds()),
             })
         except OSError:
             # The worker died between claim and send; reaping it records the crash.
@@ -449,10 +478,6 @@ class Scheduler:
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
         if disable_reason is not None:
             end = replace(end, next_state=JobState.DISABLED, disable_reason=disable_reason, next_start=None)
-        try:
-            skipped = schedule.skipped_slots(job.schedule, plan_time=run.plan_time, finish=finish)
-        except (ValueError, OverflowError):  # ScheduleError included: end_of_run above says why
-            skipped = (0, None, None)
         current = JobState.TERMINATING if run.forced else JobState.STARTING
         transition(job.job_id, current, end.next_state, f"run {run.run_id} ended: {outcome}")
         if end.disable_reason:
@@ -464,7 +489,7 @@ class Scheduler:
                  (finish - run.started_at).total_seconds(), f" error={message!r}" if message else "")
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
-            finished_at=finish, disable_reason=end.disable_reason, skipped=skipped,
+            finished_at=finish, disable_reason=end.disable_reason, skipped=end.skipped, lease_token=run.lease_token,
             rows_affected=rows_affected, result=result,
             worker_pid=run.worker_pid if run.pids_changed else None,
             backend_pid=run.backend_pid if run.pids_changed else None,
@@ -523,43 +548,102 @@ class Scheduler:
                 self._stop_run(run, Outcome.CANCELLED)
 
     # -- crashes found in the catalog -------------------------------------------------
-    def _held(self) -> list[int]:
-        """Runs this process has in hand: running, or ended with the end not yet written."""
-        return [*self.runs, *(f.run_id for f in self.pending)]
+    def _held(self) -> list[tuple[int, int]]:
+        """(run, lease token) this process has in hand: running, or ended with the end not yet written."""
+        return [*((r.run_id, r.lease_token) for r in self.runs.values()),
+                *((f.run_id, f.lease_token) for f in self.pending if f.lease_token is not None)]
+
+    def _heartbeat(self, *, startup: bool) -> None:
+        """Renew our heartbeat and leases; give up runs whose lease we lost; handle others' abandoned runs."""
+        assert self.store is not None and self.instance_id is not None
+        lost, found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after,
+                                           timedelta(seconds=self.settings.heartbeat_interval), self._held())
+        self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
+        self._lose_runs(lost)
+        self._close_abandoned(self._take_over(found), startup=startup)
+
+    def _lose_runs(self, lost: list[int]) -> None:
+        """Runs whose lease is no longer ours (found stale and closed or taken over by another
+        scheduler while we were paused or cut off): stop them, and never write their end."""
+        for run_id in lost:
+            self.pending = [f for f in self.pending if f.run_id != run_id]
+            run = self.runs.pop(run_id, None)
+            if run is None:
+                log.warning("run %s: lease lost after the run ended; its end is not recorded here", run_id)
+                continue
+            log.warning("run %s of job %s: lease lost (another scheduler found it stale): killing its worker "
+                        "without recording an end", run_id, run.job.job_id)
+            worker = self.workers.get(run.worker_pid or -1)
+            if worker is not None and worker.run is run:
+                worker.run = None
+                worker.retiring = True
+                worker.signal_group(signal.SIGKILL)
+            self._terminate_backend(run)
 
     @property
     def _dead_after(self) -> timedelta:
         return timedelta(seconds=self.settings.dead_after)
 
+    def _take_over(self, found: list[Abandoned]) -> list[Abandoned]:
+        """Run again, on our idle workers, the abandoned runs of allow_stale_reentry jobs; the rest are returned.
+
+        A reentrant run that finds no idle worker here is left to the next heartbeat (ours
+        or another instance's): taking it over is the point, closing it would lose the plan.
+        """
+        assert self.store is not None and self.instance_id is not None
+        reentry = [a for a in found if a.reentry and a.cause in ("stopped", "gone", "stale")]
+        if not reentry:
+            return found
+        idle = [w for w in self.workers.values() if w.idle] if not self.stopping else []
+        taking = reentry[:len(idle)]
+        for a in taking:
+            self._terminate_abandoned_backend(a)
+        claimed = self.store.take_over(self.instance_id, [(a.run_id, a.lease_token or 0) for a in taking],
+                                       [(w.pid, w.backend_pid or 0) for w in idle[:len(taking)]])
+        self._match_owners(claimed)
+        for c in claimed:
+            log.warning("run %s of job %s: taken over as a new attempt (allow_stale_reentry)", c.run_id, c.job_id)
+            worker = self.workers.get(c.worker_pid or -1)
+            if c.run is None or worker is None:
+                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} taken over")
+                self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
+                continue
+            self._launch_run(worker, c.run)
+        return [a for a in found if a not in reentry]
+
     def _close_abandoned(self, found: list[Abandoned], *, startup: bool) -> None:
-        """Close runs whose scheduler or session is gone as crashes (see store.Abandoned)."""
+        """Close runs whose scheduler or session is gone, or whose lease went stale, as crashes."""
         assert self.store is not None
         if not found:
             return
         now = self.clock.now()
         finishes = [self._abandoned_finish(a, now, startup) for a in found]
         self.store.finish(finishes)
+        self.dirty = True  # their jobs have new next starts; our own writes send us no NOTIFY
 
-    def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
-        assert self.store is not None
+    def _terminate_abandoned_backend(self, a: Abandoned) -> None:
         # The backend may still be executing the run's query: an orphan nobody will ever read.
         if a.orphan_pid:
             log.warning("terminating orphan backend %s of run %s (job %s)", a.orphan_pid, a.run_id, a.job_id)
-            self.store.terminate_run_backend(f"pgsched job {a.job_id} run {a.run_id}")
-        log.warning("run %s of job %s was abandoned by its scheduler or session: recorded as a crash",
-                    a.run_id, a.job_id)
+            assert self.store is not None
+            self.store.terminate_run_backend(a.orphan_app)
+
+    def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
+        self._terminate_abandoned_backend(a)
+        why = _ABANDONED.get(a.cause, "the run's scheduler or session ended before the run did").format(
+            holder=a.holder, dead_after=self.settings.dead_after)
+        log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why)
         if a.schedule is None:
             end = RunEnd(Outcome.CRASH, None, JobState.DISABLED, a.problem or "invalid schedule")
         else:
             end = after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
-                              retry_period=a.retry_period, rng=self.rng)
+                              retry_period=a.retry_period, rng=self.rng, delay=a.schedule_delay)
         transition(a.job_id, JobState.STARTING, end.next_state, f"run {a.run_id} abandoned: crash")
         nxt = end.next_start
         if nxt is not None and startup:
             nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
-        return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None,
-                      message=end.disable_reason or "the run's scheduler or session ended before the run did",
-                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason)
+        return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=end.disable_reason or why,
+                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped)
 
     # -- connection ---------------------------------------------------------------------
     def _connect(self, *, startup: bool) -> None:
@@ -606,9 +690,8 @@ class Scheduler:
             log.info("reconnected to the database")
         assert self.instance_id is not None
         self._terminate_orphans()
-        found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after, self._held())
-        self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
-        self._close_abandoned(found, startup=first)
+        self._heartbeat(startup=first)
+        self._catch_up_due = True
         self.dirty = True
 
     def _deploy(self) -> None:
@@ -731,6 +814,24 @@ class Scheduler:
         per_run = statements / self.runs_ended if self.runs_ended else 0.0
         log.info("%s: runs_started=%d runs_ended=%d running=%d scheduler_transactions=%d per_run=%.2f",
                  what, self.runs_started, self.runs_ended, len(self.runs), statements, per_run)
+
+
+# Overdue by more than this (seconds), a job is looked at by the catch-up pass.
+CATCH_UP_LATE = 1.0
+
+# Why a run was found abandoned, by pgsched._abandoned_runs' cause.
+_ABANDONED = {
+    "stopped": "{holder} stopped before the run ended",
+    "gone": "{holder} lost its database session (process killed or connection lost) before the run ended",
+    "stale": "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off); the plan is not "
+             "run again: run_job() to retry it, or allow_stale_reentry for an idempotent job",
+    "session": "the session that called run_job ended before the run did",
+    "lost": "this scheduler lost track of the run (a claim or close lost with the connection)",
+}
+
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
 
 
 def _first_line(e: BaseException) -> str:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from pgsched import schedule
+from pgsched import catchup, schedule
 from pgsched.errors import PgschedError
 from pgsched.model import Job
 
@@ -77,6 +77,8 @@ class RunEnd:
     next_start: datetime | None  # None: keep the stored one (the job is being disabled)
     next_state: JobState
     disable_reason: str | None = None
+    # Regular plans passed over while the run was in progress: (count, first, last).
+    skipped: tuple[int, datetime | None, datetime | None] = (0, None, None)
 
 
 def end_of_run(
@@ -94,23 +96,39 @@ def end_of_run(
 
     consecutive_failures / consecutive_crashes are the counters before this run. A
     schedule that has no further start (a cron whose years are over) disables the job.
+    The job's schedule_delay shifts every plan: the schedule is evaluated at
+    finish - delay, and the next start is the next plan + delay.
     """
+    delay = job.schedule_delay
     try:
-        return _next(job, outcome=outcome, plan_time=plan_time, finish=finish,
-                     failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
+        end = _next(job, outcome=outcome, plan_time=plan_time, finish=finish - delay,
+                    failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
     except (ValueError, OverflowError) as e:
         return RunEnd(outcome, None, JobState.DISABLED, unusable(e))
+    return _delayed(end, delay)
 
 
 def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, crashes: int,
-                retry_period: timedelta, rng: random.Random) -> RunEnd:
+                retry_period: timedelta, rng: random.Random, delay: timedelta = timedelta(0)) -> RunEnd:
     """Next start of a run found crashed at `now` (crashes: the counter including this one)."""
     try:
-        nxt = schedule.next_after_crash(s, plan_time=plan_time, now=now, crashes=crashes,
+        nxt = schedule.next_after_crash(s, plan_time=plan_time, now=now - delay, crashes=crashes,
                                         retry_period=retry_period, rng=rng)
+        skipped = _skipped(s, plan_time, now - delay)
     except (ValueError, OverflowError) as e:
         return RunEnd(Outcome.CRASH, None, JobState.DISABLED, unusable(e))
-    return RunEnd(Outcome.CRASH, nxt, JobState.SCHEDULED)
+    return _delayed(RunEnd(Outcome.CRASH, nxt, JobState.SCHEDULED, skipped=skipped), delay)
+
+
+def _delayed(end: RunEnd, delay: timedelta) -> RunEnd:
+    if end.next_start is None or not delay:
+        return end
+    return replace(end, next_start=end.next_start + delay)
+
+
+def _skipped(s: schedule.Schedule, plan_time: datetime, until: datetime) -> tuple[int, datetime | None,
+                                                                                datetime | None]:
+    return schedule.skipped_slots(s, plan_time=plan_time, finish=until)
 
 
 def unusable(e: ValueError | OverflowError) -> str:
@@ -123,16 +141,23 @@ def unusable(e: ValueError | OverflowError) -> str:
 
 def _next(job: Job, *, outcome: Outcome, plan_time: datetime, finish: datetime, failures: int, crashes: int,
           message: str | None, rng: random.Random) -> RunEnd:
-    """end_of_run's decision; failures/crashes count this run if it was one."""
+    """end_of_run's decision; failures/crashes count this run if it was one. `finish` is already
+    shifted back by the job's schedule_delay."""
     s = job.schedule
     if outcome is Outcome.SUCCESS or outcome is Outcome.CANCELLED:
+        # catch_up = 'all' replays the plans that came due during the run.
+        caught = catchup.after_run(s, job.catch_up, plan_time=plan_time, horizon=finish)
+        if caught is not None:
+            return RunEnd(outcome, caught.plan, JobState.SCHEDULED,
+                          skipped=(caught.missed, caught.first_missed, caught.last_missed))
         nxt = schedule.next_after_success(s, plan_time=plan_time, finish=finish)
-        return RunEnd(outcome, nxt, JobState.SCHEDULED)
+        return RunEnd(outcome, nxt, JobState.SCHEDULED, skipped=_skipped(s, plan_time, finish))
+    skipped = _skipped(s, plan_time, finish)
     if outcome is Outcome.CRASH:
         nxt = schedule.next_after_crash(
             s, plan_time=plan_time, now=finish, crashes=crashes, retry_period=job.retry_period, rng=rng,
         )
-        return RunEnd(outcome, nxt, JobState.SCHEDULED)
+        return RunEnd(outcome, nxt, JobState.SCHEDULED, skipped=skipped)
     nxt = schedule.next_after_failure(
         s, plan_time=plan_time, finish=finish, failures=failures, retry_period=job.retry_period, rng=rng,
     )
@@ -141,5 +166,5 @@ def _next(job: Job, *, outcome: Outcome, plan_time: datetime, finish: datetime, 
             f"disabled after {failures} consecutive failures (max_retries = {job.max_retries})"
             + (f"; last error: {message}" if message else "")
         )
-        return RunEnd(outcome, nxt, JobState.DISABLED, reason)
-    return RunEnd(outcome, nxt, JobState.SCHEDULED)
+        return RunEnd(outcome, nxt, JobState.DISABLED, reason, skipped)
+    return RunEnd(outcome, nxt, JobState.SCHEDULED, skipped=skipped)

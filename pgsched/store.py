@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgsched import migrate, schedule
+from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
 from pgsched.model import Job, Run
 from pgsched.schedule import Interval, Schedule
@@ -77,19 +78,41 @@ class Finish:
     # The worker and backend that really ran it (a worker may have reconnected as the job's owner).
     worker_pid: int | None = None
     backend_pid: int | None = None
+    # The lease the closing scheduler holds (None: not a scheduler's own run, e.g. one found
+    # abandoned): the close is refused if the run's lease is no longer this one.
+    lease_token: int | None = None
 
 
 @dataclass(frozen=True)
 class Abandoned:
+    """A run found by pgsched._abandoned_runs: its holder is gone, stopped or stale."""
+
     run_id: int
     job_id: int
     plan_time: datetime
+    lease_token: int | None
+    cause: str  # stopped | gone | stale | session | lost
+    holder: str | None
     backend_pid: int | None
+    orphan_app: str
     orphan_pid: int | None  # a backend still running it
+    reentry: bool  # allow_stale_reentry: may be taken over rather than closed
     consecutive_crashes: int
     schedule: Schedule | None
     retry_period: timedelta
+    schedule_delay: timedelta
     problem: str | None
+
+
+@dataclass(frozen=True)
+class Behind:
+    """A job whose next plan is overdue (pgsched._behind), with what catch-up needs."""
+
+    job_id: int
+    next_start: datetime
+    schedule: Schedule | None
+    policy: Policy
+    schedule_delay: timedelta
 
 
 class Store:
@@ -158,21 +181,22 @@ class Store:
         self.clock.anchor(row["db_now"])
         return int(row["instance_id"])
 
-    def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta,
-                  held: Sequence[int]) -> list[Abandoned]:
-        """Renew this instance's heartbeat and find abandoned runs (see _abandoned_runs): one statement.
+    def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta, grace: timedelta,
+                  held: Sequence[tuple[int, int]]) -> tuple[list[int], list[Abandoned]]:
+        """Renew this instance's heartbeat and its runs' leases; one statement (pgsched._heartbeat).
 
-        `held` are the runs this process has in hand (running or ended but not yet written).
+        `held` are (run_id, lease_token) of the runs this process has in hand (running, or
+        ended but not yet written). Returns the held runs whose lease is lost, and the
+        abandoned runs of others.
         """
         rows = self._execute(
-            """SELECT a.*, h.t AS heartbeat_at
-                 FROM pgsched._instance_heartbeat(%s, %s) AS h(t)
-                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s) a ON true""",
-            (instance_id, max_workers, instance_id, dead_after, list(held)),
+            "SELECT * FROM pgsched._heartbeat(%s, %s, %s, %s, %s, %s)",
+            (instance_id, max_workers, dead_after, grace, [r for r, _ in held], [t for _, t in held]),
         ).fetchall()
-        if rows and rows[0]["heartbeat_at"]:
-            self.clock.anchor(rows[0]["heartbeat_at"])
-        return [_abandoned_from_row(r) for r in rows if r["run_id"] is not None]
+        if rows and rows[0]["db_now"]:
+            self.clock.anchor(rows[0]["db_now"])
+        lost = [int(r["run_id"]) for r in rows if r["lost"]]
+        return lost, [_abandoned_from_row(r) for r in rows if r["lost"] is False]
 
     def deploy(self, modules: Sequence[str], specs: Sequence[dict[str, Any]]) -> list[tuple[int, str, str]]:
         """Write the code jobs of `modules` to the catalog (see 60_code_jobs.sql): (job_id, name, action)."""
@@ -251,21 +275,44 @@ class Store:
         rows = cur.fetchall()
         if rows:
             self.clock.anchor(rows[-1]["db_now"])
+        return [_claimed_from_row(r) for r in rows], (rows[0]["next_due"] if rows else None)
+
+    def take_over(self, instance_id: int, runs: Sequence[tuple[int, int]],
+                  workers: Sequence[tuple[int, int]]) -> list[Claimed]:
+        """Start a new attempt of stale runs (run_id, old lease token) on these workers (pgsched._take_over)."""
+        if not runs:
+            return []
+        rows = self._execute(
+            "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s)",
+            (instance_id, [r for r, _ in runs], [t for _, t in runs], [w for w, _ in workers],
+             [b for _, b in workers]),
+        ).fetchall()
+        return [_claimed_from_row(r) for r in rows]
+
+    def behind(self, late: timedelta, limit: int = 1000) -> list[Behind]:
+        """Jobs whose next plan is more than `late` overdue (pgsched._behind)."""
         out = []
-        for row in rows:
+        for row in self._execute("SELECT * FROM pgsched._behind(%s, %s)", (late, limit)):
+            self.clock.anchor(row["db_now"])
             try:
-                job = _job_from_row(row)
-            except (schedule.ScheduleError, ValueError, OverflowError) as e:
-                out.append(Claimed(None, row["run_id"], row["job_id"], row["worker_pid"],
-                                   f"invalid schedule in the catalog: {e}"))
-                continue
-            run = Run(
-                run_id=row["run_id"], job=job, plan_time=row["plan_time"], started_at=row["started_at"],
-                consecutive_failures=row["consecutive_failures"], consecutive_crashes=row["consecutive_crashes"],
-                lease_token=row["lease_token"], worker_pid=row["worker_pid"], backend_pid=row["backend_pid"],
-            )
-            out.append(Claimed(run, run.run_id, job.job_id, row["worker_pid"]))
-        return out, (rows[0]["next_due"] if rows else None)
+                sched: Schedule | None = schedule_from_row(row)
+            except (schedule.ScheduleError, ValueError, OverflowError):
+                sched = None  # the claim disables the job with the reason
+            out.append(Behind(row["job_id"], row["next_start"], sched, _policy(row),
+                              timedelta(seconds=row["schedule_delay_s"] or 0)))
+        return out
+
+    def catch_up(self, changes: Sequence[tuple[Behind, Decision]]) -> int:
+        """Write catch-up decisions (pgsched._catch_up); how many jobs changed."""
+        if not changes:
+            return 0
+        payload = [{
+            "job_id": b.job_id, "old_next": _iso(b.next_start), "new_next": _iso(d.plan + b.schedule_delay),
+            "missed": d.missed, "first": _iso(d.first_missed), "last": _iso(d.last_missed),
+            "policy": f"catch_up = {b.policy.mode}",
+        } for b, d in changes]
+        row = self._execute("SELECT pgsched._catch_up(%s) AS n", (Jsonb(payload),)).fetchone()
+        return int(row["n"]) if row else 0
 
     def finish(self, finishes: Sequence[Finish]) -> list[bool]:
         """Close runs in one statement (one transaction); per run, whether it was still open."""
@@ -280,7 +327,7 @@ class Store:
             "next_start": _iso(f.next_start), "finished_at": _iso(f.finished_at),
             "disable_reason": f.disable_reason, "rows_affected": f.rows_affected, "result": f.result,
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
-            "worker_pid": f.worker_pid, "backend_pid": f.backend_pid,
+            "worker_pid": f.worker_pid, "backend_pid": f.backend_pid, "lease_token": f.lease_token,
         } for f in finishes]
         return self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),))
 
@@ -316,7 +363,29 @@ def _job_from_row(row: dict[str, Any]) -> Job:
         config=row["config"], schedule=schedule_from_row(row),
         max_runtime=None if max_runtime is None else timedelta(seconds=max_runtime),
         max_retries=row["max_retries"], retry_period=timedelta(seconds=row["retry_period_s"]),
+        catch_up=_policy(row), schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0),
+        allow_stale_reentry=bool(row["allow_stale_reentry"]),
     )
+
+
+def _policy(row: dict[str, Any]) -> Policy:
+    window = row["catch_up_window_s"]
+    return Policy(row["catch_up"] or "latest", None if window is None else timedelta(seconds=window),
+                  int(row["max_plans_per_tick"] or 1))
+
+
+def _claimed_from_row(row: dict[str, Any]) -> Claimed:
+    """A claimed run (from _claim or _take_over), or the reason its job cannot run."""
+    try:
+        job = _job_from_row(row)
+    except (schedule.ScheduleError, ValueError, OverflowError) as e:
+        return Claimed(None, row["run_id"], row["job_id"], row["worker_pid"], f"invalid schedule in the catalog: {e}")
+    run = Run(
+        run_id=row["run_id"], job=job, plan_time=row["plan_time"], started_at=row["started_at"],
+        consecutive_failures=row["consecutive_failures"], consecutive_crashes=row["consecutive_crashes"],
+        lease_token=row["lease_token"], worker_pid=row["worker_pid"], backend_pid=row["backend_pid"],
+    )
+    return Claimed(run, run.run_id, job.job_id, row["worker_pid"])
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -331,8 +400,10 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
     except (schedule.ScheduleError, ValueError, OverflowError) as e:
         problem = f"invalid schedule in the catalog: {e}"
     return Abandoned(
-        run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"],
-        backend_pid=row["backend_pid"], orphan_pid=row["orphan_pid"],
+        run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"], lease_token=row["lease_token"],
+        cause=row["cause"], holder=row["holder"], backend_pid=row["backend_pid"], orphan_app=row["orphan_app"],
+        orphan_pid=row["orphan_pid"], reentry=bool(row["allow_stale_reentry"]),
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
-        retry_period=timedelta(seconds=row["retry_period_s"]), problem=problem,
+        retry_period=timedelta(seconds=row["retry_period_s"]),
+        schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0), problem=problem,
     )

@@ -10,6 +10,34 @@
 -- Likewise +/-infinity timestamps (possible only by writing the catalog by hand)
 -- are filtered with isfinite() and read as NULL, never handed to the client.
 
+-- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
+-- _take_over. A view, so that it is inlined into their queries (a function with a
+-- pinned search_path would be called once per row).
+CREATE OR REPLACE VIEW pgsched._job_launch AS
+SELECT j.job_id, j.job_name, j.kind,
+       -- The role's name as it logs in (regrole's text would be a quoted identifier), NULL if
+       -- the role was dropped: the scheduler then disables the job instead of running it.
+       ro.rolname::text AS owner, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
+       j.code_module, j.code_function, j.config, j.schedule,
+       -- pgsched._interval_parts written out: a function call per row costs more here
+       (extract(year FROM j.schedule_interval) * 12 + extract(month FROM j.schedule_interval))::integer AS months,
+       extract(day FROM j.schedule_interval)::integer AS days,
+       ((extract(hour FROM j.schedule_interval) * 3600 + extract(minute FROM j.schedule_interval) * 60)
+         * 1000000 + extract(microseconds FROM j.schedule_interval))::bigint AS micros,
+       j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END AS initial_start,
+       j.timezone, extract(epoch FROM j.max_runtime)::float8 AS max_runtime_s, j.max_retries,
+       extract(epoch FROM j.retry_period)::float8 AS retry_period_s, j.catch_up,
+       extract(epoch FROM j.catch_up_window)::float8 AS catch_up_window_s, j.max_plans_per_tick,
+       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry
+  FROM pgsched.job j
+  LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
+  LEFT JOIN LATERAL (
+      SELECT p.prokind = 'p' AS is_procedure
+        FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+       WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
+         AND p.proargtypes = '23 3802'::pg_catalog.oidvector
+  ) pr ON true;
+
 -- Claim up to cardinality(worker_pids) due jobs, most overdue first, and mark
 -- their start: each gets a 'running' job_run row carrying the worker that will
 -- run it, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED
@@ -29,7 +57,9 @@ RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at 
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
                initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
-               retry_period_s double precision, next_due timestamptz, db_now timestamptz)
+               retry_period_s double precision, catch_up text, catch_up_window_s double precision,
+               max_plans_per_tick integer, schedule_delay_s double precision, allow_stale_reentry boolean,
+               next_due timestamptz, db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 -- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
@@ -39,8 +69,11 @@ BEGIN
     RETURN QUERY
     WITH due AS (
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
+               -- next_start is when the plan becomes eligible: plan_time + schedule_delay
+               -- (as a fixed duration, the way the scheduler adds it).
+               s.next_start - pg_catalog.make_interval(secs => extract(epoch FROM s.schedule_delay)) AS plan_time,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
-          FROM (SELECT s.* FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
+          FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= now() + ahead
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
@@ -50,7 +83,7 @@ BEGIN
     ), runs AS (
         INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
                                           instance_id, lease_token, heartbeat_at)
-        SELECT d.job_id, d.next_start,
+        SELECT d.job_id, d.plan_time,
                CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
                greatest(now(), d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
                nextval('pgsched.lease_token_seq'), now()
@@ -74,17 +107,10 @@ BEGIN
     )
     SELECT r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid,
            d.consecutive_failures, d.consecutive_crashes,
-           -- The role's name as it logs in (regrole's text would be a quoted identifier), NULL if
-           -- the role was dropped: the scheduler then disables the job instead of running it.
-           j.job_name, j.kind, ro.rolname::text, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
-           j.code_module, j.code_function, j.config, j.schedule,
-           -- pgsched._interval_parts written out: a function call per claimed row costs more here
-           (extract(year FROM j.schedule_interval) * 12 + extract(month FROM j.schedule_interval))::integer,
-           extract(day FROM j.schedule_interval)::integer,
-           ((extract(hour FROM j.schedule_interval) * 3600 + extract(minute FROM j.schedule_interval) * 60)
-             * 1000000 + extract(microseconds FROM j.schedule_interval))::bigint,
-           j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END, j.timezone, extract(epoch FROM j.max_runtime)::float8,
-           j.max_retries, extract(epoch FROM j.retry_period)::float8,
+           v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
+           v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
+           v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
+           v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index).
            (SELECT s2.next_start FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
@@ -95,14 +121,7 @@ BEGIN
            clock_timestamp()
       FROM runs r
       JOIN due d ON d.job_id = r.job_id
-      JOIN pgsched.job j ON j.job_id = r.job_id
-      LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
-      LEFT JOIN LATERAL (
-          SELECT p.prokind = 'p' AS is_procedure
-            FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-           WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
-             AND p.proargtypes = '23 3802'::pg_catalog.oidvector
-      ) pr ON true
+      JOIN pgsched._job_launch v ON v.job_id = r.job_id
      ORDER BY r.plan_time, r.job_id;
 END
 $$;
@@ -206,43 +225,186 @@ SET search_path = pg_catalog, pg_temp AS $$
     UPDATE pgsched.instance i SET stopped_at = now() WHERE i.instance_id = _instance_stop.instance_id
 $$;
 
--- Runs that nobody will finish: their scheduler stopped, died or stopped
--- heartbeating (dead_after), or, for run_job, the calling session is gone, or
--- they are the caller's own but not among the runs it holds.
--- orphan_pid is a backend still running the run (found by its application_name,
--- which names the job and the run): the caller terminates it.
--- The caller closes each as a crash (the counters were already raised at
--- mark_start) and terminates any backend still executing it.
-CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, held bigint[])
-RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, backend_pid integer,
-               orphan_pid integer, consecutive_crashes integer, schedule text, months integer,
-               days integer, micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text,
-               retry_period_s double precision)
+-- Runs that nobody will finish, or whose holder may no longer finish them:
+--   'stopped': their scheduler stopped (or its row is gone);
+--   'gone': their scheduler's database session ended and it has not heartbeated for
+--           `grace` (a scheduler that reconnects at once keeps its runs; its connection
+--           closes when its process dies, so this is the fast signal after a kill -9);
+--   'stale': the run's lease was not renewed for dead_after (a paused or partitioned
+--           scheduler whose session is still there);
+--   'session': a run_job whose calling session is gone;
+--   'lost': our own run that we do not hold (a claim whose reply was lost, or a close
+--           lost with the server: the scheduler commits asynchronously).
+-- orphan_pid is a backend still running the run, found by the application_name its
+-- worker set (it names the job, the run and the lease): the caller terminates it
+-- before closing the run as a crash or taking it over (allow_stale_reentry).
+DROP FUNCTION IF EXISTS pgsched._abandoned_runs(bigint, interval, bigint[]);
+CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, grace interval,
+                                                   held bigint[])
+RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
+               holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
+               consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
+               fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
+               schedule_delay_s double precision)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT r.run_id, r.job_id, r.plan_time, r.backend_pid,
-           (SELECT a.pid FROM pg_catalog.pg_stat_activity a
-             WHERE a.application_name = pg_catalog.format('pgsched job %s run %s', r.job_id, r.run_id) LIMIT 1),
-           s.consecutive_crashes, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule,
-           CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
-           j.timezone, extract(epoch FROM j.retry_period)::float8
-      FROM pgsched.job_run r
-      JOIN pgsched.job j ON j.job_id = r.job_id
-      JOIN pgsched.job_stat s ON s.job_id = r.job_id
-      LEFT JOIN pgsched.instance i ON i.instance_id = r.instance_id
-      LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
-     WHERE r.outcome = 'running'
-       AND CASE
-             WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
-                 NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = r.backend_pid)
-             -- Our own runs that we do not hold: a claim whose reply was lost, or a
-             -- close lost with the server (the scheduler commits asynchronously).
-             WHEN r.instance_id = self_id THEN r.run_id <> ALL (held)
-             -- A scheduler's connection closes when its process dies, so a vanished
-             -- backend is the fast signal; the heartbeat covers a hung or partitioned one.
-             ELSE i.instance_id IS NULL OR i.stopped_at IS NOT NULL OR i.heartbeat_at < now() - dead_after
-                  OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = i.backend_pid)
-           END
+    SELECT a.run_id, a.job_id, a.plan_time, a.lease_token, a.cause, a.holder, a.backend_pid, a.app,
+           (SELECT sa.pid FROM pg_catalog.pg_stat_activity sa WHERE sa.application_name = a.app LIMIT 1),
+           v.allow_stale_reentry AND a.trigger <> 'manual', s.consecutive_crashes, v.schedule, v.months,
+           v.days, v.micros, v.fixed_schedule, v.initial_start, v.timezone, v.retry_period_s, v.schedule_delay_s
+      FROM (SELECT r.*, pg_catalog.format('pgsched job %s run %s lease %s', r.job_id, r.run_id, r.lease_token) AS app,
+                   pg_catalog.format('instance %s (%s, pid %s)', i.instance_id, i.host, i.pid) AS holder,
+                   CASE
+                     WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
+                         CASE WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa
+                                                WHERE sa.pid = r.backend_pid) THEN 'session' END
+                     WHEN r.instance_id = self_id THEN CASE WHEN r.run_id <> ALL (held) THEN 'lost' END
+                     WHEN i.instance_id IS NULL OR i.stopped_at IS NOT NULL THEN 'stopped'
+                     WHEN i.heartbeat_at < now() - grace
+                          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = i.backend_pid)
+                         THEN 'gone'
+                     WHEN coalesce(r.heartbeat_at, r.started_at) < now() - dead_after THEN 'stale'
+                   END AS cause
+              FROM pgsched.job_run r
+              LEFT JOIN pgsched.instance i ON i.instance_id = r.instance_id
+             WHERE r.outcome = 'running') a
+      JOIN pgsched.job_stat s ON s.job_id = a.job_id
+      JOIN pgsched._job_launch v ON v.job_id = a.job_id
+     WHERE a.cause IS NOT NULL
+$$;
+
+-- One statement per heartbeat: renew this instance's heartbeat and the leases of the
+-- runs it holds (run_id, lease_token pairs), then report (lost = true) the held runs
+-- whose lease is no longer ours (closed or taken over by another scheduler, which
+-- found it stale) and (lost = false) the runs of others that nobody will finish
+-- (_abandoned_runs).
+CREATE OR REPLACE FUNCTION pgsched._heartbeat(instance_id bigint, max_workers integer, dead_after interval,
+                                              grace interval, held bigint[], tokens bigint[])
+RETURNS TABLE (lost boolean, run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
+               holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
+               consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
+               fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
+               schedule_delay_s double precision, db_now timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    beat timestamptz := pgsched._instance_heartbeat(instance_id, max_workers);
+BEGIN
+    RETURN QUERY
+    WITH h AS (SELECT * FROM unnest(held, tokens) AS h(run_id, token)),
+    renewed AS (
+        UPDATE pgsched.job_run r SET heartbeat_at = now()
+          FROM h
+         WHERE r.run_id = h.run_id AND r.lease_token = h.token AND r.outcome = 'running'
+        RETURNING r.run_id)
+    SELECT true, h.run_id, NULL::integer, NULL::timestamptz, h.token, NULL::text, NULL::text, NULL::integer,
+           NULL::text, NULL::integer, NULL::boolean, NULL::integer, NULL::text, NULL::integer, NULL::integer,
+           NULL::bigint, NULL::boolean, NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, beat
+      FROM h WHERE NOT EXISTS (SELECT 1 FROM renewed w WHERE w.run_id = h.run_id);
+    RETURN QUERY
+    SELECT false, a.*, beat FROM pgsched._abandoned_runs(instance_id, dead_after, grace, held) a;
+    IF NOT FOUND THEN
+        -- Always one row, so that the caller reads the database time.
+        RETURN QUERY SELECT NULL::boolean, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::bigint,
+                            NULL::text, NULL::text, NULL::integer, NULL::text, NULL::integer, NULL::boolean,
+                            NULL::integer, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::boolean,
+                            NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, beat;
+    END IF;
+END
+$$;
+
+-- Take over stale runs of allow_stale_reentry jobs (found by _abandoned_runs): the
+-- same plan, run again as its next attempt under a new lease, by this instance's idle
+-- workers. Fenced on the old lease token: if the holder came back and closed it, or
+-- another instance took it first, nothing happens. The lost attempt stays counted as
+-- a crash; the new one is counted in advance like any start (see 20_runs.sql).
+CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
+                                              worker_pids integer[], backend_pids integer[])
+RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at timestamptz, lease_token bigint,
+               worker_pid integer, backend_pid integer, consecutive_failures integer,
+               consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
+               proc_name name, is_procedure boolean, command text, code_module text, code_function text,
+               config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
+               initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
+               retry_period_s double precision, catch_up text, catch_up_window_s double precision,
+               max_plans_per_tick integer, schedule_delay_s double precision, allow_stale_reentry boolean,
+               next_due timestamptz, db_now timestamptz)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH t AS (
+        UPDATE pgsched.job_run r
+           SET instance_id = _take_over.instance_id, lease_token = nextval('pgsched.lease_token_seq'),
+               attempt = r.attempt + 1, started_at = now(), heartbeat_at = now(),
+               worker_pid = u.worker_pid, backend_pid = u.backend_pid,
+               message = format('attempt %s: taken over after the lease of attempt %s (instance %s) went stale',
+                                r.attempt + 1, r.attempt, r.instance_id)
+          FROM unnest(run_ids, tokens, worker_pids, backend_pids) AS u(run_id, token, worker_pid, backend_pid)
+         WHERE r.run_id = u.run_id AND r.lease_token = u.token AND r.outcome = 'running'
+        RETURNING r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+    ), s AS (
+        UPDATE pgsched.job_stat s
+           SET state = 'starting', current_run_id = t.run_id, last_start = t.started_at,
+               total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
+               consecutive_crashes = s.consecutive_crashes + 1
+          FROM t WHERE s.job_id = t.job_id
+        RETURNING s.job_id, s.consecutive_failures, s.consecutive_crashes - 1 AS consecutive_crashes
+    )
+    SELECT t.run_id, t.job_id, t.plan_time, t.started_at, t.lease_token, t.worker_pid, t.backend_pid,
+           s.consecutive_failures, s.consecutive_crashes,
+           v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
+           v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
+           v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
+           v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry,
+           NULL::timestamptz, clock_timestamp()
+      FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
+$$;
+
+-- Jobs whose next plan is more than `late` overdue: the scheduler applies their
+-- catch-up policy (pgsched/catchup.py) and writes the result with _catch_up.
+CREATE OR REPLACE FUNCTION pgsched._behind(late interval, max_rows integer)
+RETURNS TABLE (job_id integer, next_start timestamptz, schedule text, months integer, days integer,
+               micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text, catch_up text,
+               catch_up_window_s double precision, max_plans_per_tick integer, schedule_delay_s double precision,
+               db_now timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.job_id, s.next_start, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
+           v.timezone, v.catch_up, v.catch_up_window_s, v.max_plans_per_tick, v.schedule_delay_s, clock_timestamp()
+      FROM pgsched.job_stat s
+      JOIN pgsched._job_launch v ON v.job_id = s.job_id
+     WHERE s.state = 'scheduled' AND s.next_start < now() - late AND pg_catalog.isfinite(s.next_start)
+     ORDER BY s.next_start
+     LIMIT max_rows
+$$;
+
+-- Write catch-up decisions: per job, move next_start (only if nobody changed or
+-- claimed it meanwhile) and record the plans passed over: total_missed, and one
+-- 'missed' history row with the range. Returns how many jobs were changed.
+CREATE OR REPLACE FUNCTION pgsched._catch_up(decisions jsonb)
+RETURNS integer LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH d AS (
+        SELECT (e->>'job_id')::integer AS job_id, (e->>'old_next')::timestamptz AS old_next,
+               (e->>'new_next')::timestamptz AS new_next, (e->>'missed')::integer AS missed,
+               (e->>'first')::timestamptz AS first_missed, (e->>'last')::timestamptz AS last_missed,
+               e->>'policy' AS policy
+          FROM jsonb_array_elements(decisions) e
+    ), u AS (
+        UPDATE pgsched.job_stat s
+           SET next_start = d.new_next, total_missed = s.total_missed + d.missed
+          FROM d
+         WHERE s.job_id = d.job_id AND s.next_start = d.old_next AND s.state = 'scheduled'
+        RETURNING d.*
+    ), ins AS (
+        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
+        SELECT u.job_id, u.first_missed, 'catch_up', 'missed',
+               format('%s plan(s) from %s to %s missed (%s)', u.missed, u.first_missed, u.last_missed, u.policy),
+               clock_timestamp(),
+               jsonb_build_object('first', u.first_missed, 'last', u.last_missed, 'count', u.missed)
+          FROM u WHERE u.missed > 0
+        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING)
+    SELECT count(*)::integer FROM u
 $$;
 
 -- Of the given runs, those that no longer exist (their job was deleted).
@@ -319,6 +481,16 @@ DECLARE
     rid bigint := (e->>'run_id')::bigint;
     closed boolean;
 BEGIN
+    -- Fencing: a scheduler closes a run only while it holds the run's lease. The row lock
+    -- taken here stays until the close commits, so no takeover can slip in between.
+    IF e->>'lease_token' IS NOT NULL THEN
+        PERFORM 1 FROM pgsched.job_run r
+          WHERE r.run_id = rid AND r.lease_token = (e->>'lease_token')::bigint AND r.outcome = 'running'
+            FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+    END IF;
     IF e->>'worker_pid' IS NOT NULL THEN
         -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
         UPDATE pgsched.job_run r
@@ -334,8 +506,11 @@ BEGIN
     END IF;
     RETURN closed;
 END
-$$;-- Terminate the backends still running a run: found by the application_name the
--- worker gave it ('pgsched job J run R'), never by a pid that may have been reused.
+$$;
+
+-- Terminate the backends still running a run: found by the application_name the
+-- worker gave it ('pgsched job J run R lease T'), never by a pid that may have been
+-- reused, nor by a name that a later attempt of the same run (a takeover) also has.
 CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(app text)
 RETURNS boolean LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$

@@ -96,7 +96,8 @@ def running_run(dsn: str, job_id: int, timeout: float = 10.0) -> dict[str, Any]:
               FROM pgsched.job_history h
               JOIN pg_stat_activity a ON a.pid = h.backend_pid
              WHERE h.job_id = %s AND h.outcome = 'running' AND a.state = 'active'
-               AND a.application_name = format('pgsched job %%s run %%s', h.job_id, h.run_id)""", (job_id,))
+               AND a.application_name LIKE format('pgsched job %%s run %%s lease %%%%', h.job_id, h.run_id)""",
+                     (job_id,))
         return rows[0] if rows else None
 
     return wait_for(probe, timeout, f"a running run of job {job_id}")
