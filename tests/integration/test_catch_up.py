@@ -1,0 +1,145 @@
+"""Catch-up after downtime and schedule_delay, with a real scheduler on a real database.
+
+Downtime is simulated the way the catalog sees it: a job's next_start is set ten
+plans back, as if every scheduler had been down since then. Every due plan must
+end up either run or recorded as missed (a 'missed' history row with its range,
+and job_stat.total_missed), per the job's catch_up policy.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.integration.test_scheduler import Conn, one, serve
+
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.fixture
+def hits(conn: Conn) -> Conn:
+    conn.execute("CREATE TABLE hits (job_id int, plan_time timestamptz)")
+    conn.execute("""CREATE PROCEDURE public.hit(job_id int, config jsonb) LANGUAGE sql
+                    AS $$ INSERT INTO hits VALUES (job_id, current_setting('pgsched.plan_time')::timestamptz) $$""")
+    return conn
+
+
+def behind_job(conn: Conn, settings: str = "") -> tuple[int, datetime]:
+    """A job every minute (on whole minutes) whose next plan is ten minutes ago; returns (job, that plan)."""
+    job = one(conn, f"SELECT add_job('hit', '1 minute', initial_start => date_trunc('minute', now()) - "
+                    f"interval '1 day'{settings})")
+    first = one(conn, "UPDATE pgsched.job_stat SET next_start = date_trunc('minute', now()) - interval '10 minutes' "
+                      "WHERE job_id = %s RETURNING next_start", job)
+    return job, first
+
+
+def ran(conn: Conn, job: int) -> list[datetime]:
+    return [r[0] for r in conn.execute(
+        "SELECT plan_time FROM pgsched.job_history WHERE job_id = %s AND outcome = 'success' ORDER BY run_id",
+        (job,))]
+
+
+def missed(conn: Conn, job: int) -> list[dict[str, Any]]:
+    return [r[0] for r in conn.execute(
+        "SELECT result FROM pgsched.job_history WHERE job_id = %s AND outcome = 'missed' ORDER BY run_id", (job,))]
+
+
+def covered(ranges: list[dict[str, Any]]) -> list[datetime]:
+    """The plans (whole minutes) a list of 'missed' ranges stands for; checks each range's count."""
+    out: list[datetime] = []
+    for r in ranges:
+        first, last = datetime.fromisoformat(r["first"]), datetime.fromisoformat(r["last"])
+        plans = [first + k * MINUTE for k in range(int((last - first) / MINUTE) + 1)]
+        assert len(plans) == r["count"], r
+        out += plans
+    return out
+
+
+def total_missed(conn: Conn, job: int) -> int:
+    return int(one(conn, "SELECT total_missed FROM pgsched.job_stats WHERE job_id = %s", job))
+
+
+def assert_every_plan_accounted_for(conn: Conn, job: int, first: datetime, last: datetime) -> None:
+    runs, gone = ran(conn, job), covered(missed(conn, job))
+    assert sorted(runs) == runs and len(set(runs)) == len(runs), runs  # oldest first, none twice
+    assert not set(runs) & set(gone), (runs, gone)
+    expected = [first + k * MINUTE for k in range(int((last - first) / MINUTE) + 1)]
+    assert sorted(runs + gone) == expected, (runs, gone)
+    assert total_missed(conn, job) == len(gone)
+    # The side effect agrees with the history: each run ran its own plan once.
+    effects = [r[0] for r in conn.execute("SELECT plan_time FROM hits WHERE job_id = %s ORDER BY 1", (job,))]
+    assert effects == sorted(runs)
+
+
+def test_latest_runs_the_most_recent_plan_once_and_records_the_rest(db: str, hits: Conn) -> None:
+    job, first = behind_job(hits)
+    serve(db, lambda: len(ran(hits, job)) >= 1, timeout=10)
+    runs = ran(hits, job)
+    assert len(runs) == 1
+    latest = runs[0]
+    assert latest >= first + 10 * MINUTE and latest.second == 0
+    assert_every_plan_accounted_for(hits, job, first, latest)
+    assert covered(missed(hits, job))[0] == first
+
+
+def test_all_replays_the_plans_inside_the_window_oldest_first(db: str, hits: Conn) -> None:
+    job, first = behind_job(hits, ", catch_up => 'all'")
+    hits.execute("UPDATE pgsched.job SET catch_up_window = interval '4 minutes 30 seconds' WHERE job_id = %s", (job,))
+    now = one(hits, "SELECT date_trunc('minute', now())")
+    serve(db, lambda: bool(ran(hits, job)) and ran(hits, job)[-1] >= now, timeout=10)
+    runs = ran(hits, job)
+    # The window reaches back 4.5 minutes from now: the last 5 (or 4, at the start of a minute) plans.
+    assert 4 <= len(runs) <= 5, runs
+    assert runs[-1] == now
+    assert_every_plan_accounted_for(hits, job, first, runs[-1])
+
+
+def test_all_keeps_at_most_max_plans_per_tick(db: str, hits: Conn) -> None:
+    job, first = behind_job(hits, ", catch_up => 'all'")
+    hits.execute("UPDATE pgsched.job SET max_plans_per_tick = 3 WHERE job_id = %s", (job,))
+    serve(db, lambda: len(ran(hits, job)) >= 3, timeout=10)
+    runs = ran(hits, job)
+    assert len(runs) == 3, runs
+    assert runs == [runs[0] + k * MINUTE for k in range(3)]
+    assert_every_plan_accounted_for(hits, job, first, runs[-1])
+
+
+def test_all_without_limits_replays_every_missed_plan(db: str, hits: Conn) -> None:
+    job, first = behind_job(hits, ", catch_up => 'all'")
+    serve(db, lambda: len(ran(hits, job)) >= 11, timeout=10)
+    runs = ran(hits, job)
+    assert runs[:11] == [first + k * MINUTE for k in range(11)]
+    assert missed(hits, job) == [] and total_missed(hits, job) == 0
+
+
+def test_none_runs_no_late_plan(db: str, hits: Conn) -> None:
+    job, first = behind_job(hits, ", catch_up => 'none'")
+    deadline = time.monotonic() + 2.0
+    serve(db, lambda: time.monotonic() > deadline, timeout=10)
+    assert ran(hits, job) == []
+    gone = covered(missed(hits, job))
+    assert gone[0] == first and len(gone) >= 11
+    nxt = one(hits, "SELECT next_start FROM pgsched.job_stats WHERE job_id = %s", job)
+    assert nxt == gone[-1] + MINUTE and nxt > one(hits, "SELECT now()")
+    assert total_missed(hits, job) == len(gone)
+
+
+def test_schedule_delay_makes_a_plan_eligible_that_long_after_its_time(db: str, hits: Conn) -> None:
+    job = one(hits, "SELECT add_job('hit', '1 second', initial_start => date_trunc('second', now()) + "
+                    "interval '1 second')")
+    hits.execute("UPDATE pgsched.job SET schedule_delay = interval '1.5 seconds' WHERE job_id = %s", (job,))
+    hits.execute("UPDATE pgsched.job_stat SET next_start = next_start + interval '1.5 seconds' WHERE job_id = %s",
+                 (job,))
+    serve(db, lambda: len(ran(hits, job)) >= 4, timeout=15)
+    rows = hits.execute("SELECT plan_time, started_at FROM pgsched.job_history WHERE job_id = %s "
+                        "AND outcome = 'success' ORDER BY run_id", (job,)).fetchall()
+    for plan, started in rows:
+        assert plan.microsecond == 0, plan  # plans stay on the schedule's grid
+        assert started - plan >= timedelta(seconds=1.5), (plan, started)
+        assert started - plan < timedelta(seconds=2.5), (plan, started)
+    # The job reads its own plan time, not the delayed start.
+    effects = [r[0] for r in hits.execute("SELECT plan_time FROM hits WHERE job_id = %s ORDER BY 1", (job,))]
+    assert effects == [p for p, _ in rows]
