@@ -35,6 +35,7 @@ class Job:
     catch_up: Policy = field(default_factory=Policy)
     schedule_delay: timedelta = timedelta(0)  # a plan becomes eligible this long after its plan time
     allow_stale_reentry: bool = False
+    scope_query: str | None = None  # a scoped job: each plan runs once per key this query returns
 
 
 @dataclass
@@ -48,12 +49,27 @@ class Run:
     consecutive_failures: int  # before this run
     consecutive_crashes: int  # before this run
     lease_token: int
+    scope: str = ""  # '' for a plan run; a scope key for one scope of a scoped job's plan
     worker_pid: int | None = None
     backend_pid: int | None = None
     deadline: datetime | None = None
     terminate_at: datetime | None = None  # when a cancelled run gets terminated/killed
     forced: str | None = None  # 'timeout' or 'cancelled' once the scheduler decided to stop the run
     pids_changed: bool = False  # another worker or backend than the claim recorded ran it
+
+    @property
+    def fans_out(self) -> bool:
+        """The plan run of a scoped job: it queues one run per scope instead of running the job."""
+        return not self.scope and self.job.scope_query is not None
+
+    @property
+    def config(self) -> Any:
+        """The config the job receives: a scope run's has its scope key under "scope"."""
+        if not self.scope:
+            return self.job.config
+        if isinstance(self.job.config, dict):
+            return {**self.job.config, "scope": self.scope}
+        return {"scope": self.scope} if self.job.config is None else {"config": self.job.config, "scope": self.scope}
 
     @property
     def app_name(self) -> str:

@@ -308,7 +308,8 @@ class Scheduler:
 
     def _launch_run(self, worker: Worker, run: Run) -> None:
         job = run.job
-        transition(job.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {run.run_id} claimed")
+        if not run.scope:  # a scope run leaves the job's state to its plan run
+            transition(job.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {run.run_id} claimed")
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   "the job's owner role no longer exists: delete the job or give it a new owner")
@@ -323,15 +324,16 @@ class Scheduler:
         self.runs[run.run_id] = run
         self.runs_started += 1
         lag = (run.started_at - run.plan_time).total_seconds()
-        log.info("run start job=%s name=%r run=%s plan=%s lag=%.3fs worker=%s", job.job_id, job.job_name,
-                 run.run_id, run.plan_time.isoformat(), lag, worker.pid)
+        log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
+                 run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag, worker.pid)
         try:
             worker.send({
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
                 "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
-                "command": job.command, "config": job.config, "app": run.app_name, "job_name": job.job_name,
+                "command": job.command, "config": run.config, "app": run.app_name, "job_name": job.job_name,
+                "scope_query": job.scope_query if run.fans_out else None,
                 "code_module": job.code_module, "code_function": job.code_function,
-                "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": "",
+                "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": run.scope,
                 # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
                 # whatever its own set-up took.
                 "start_at": time.monotonic() + max(0.0, (run.started_at - self.clock.now()).total_seconds()),
@@ -411,8 +413,11 @@ class Scheduler:
                 worker.retiring = True
             worker.run = None
             rows = ev.get("rows_affected")
+            scopes = ev.get("scopes")
             self._end_run(run, outcome, sqlstate, msg, rows if isinstance(rows, int) else None,
-                          ev.get("result") if outcome is Outcome.SUCCESS else None)
+                          ev.get("result") if outcome is Outcome.SUCCESS else None,
+                          scopes=[str(k) for k in scopes] if isinstance(scopes, list) and outcome is Outcome.SUCCESS
+                          else None)
             if worker.retiring:
                 worker.close_stdin()
         elif kind == "lost":
@@ -468,11 +473,23 @@ class Scheduler:
 
     # -- ends of runs -------------------------------------------------------------------
     def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None,
-                 rows_affected: int | None = None, result: object = None, disable_reason: str | None = None) -> None:
+                 rows_affected: int | None = None, result: object = None, disable_reason: str | None = None,
+                 scopes: list[str] | None = None) -> None:
         self.runs.pop(run.run_id, None)
         self.runs_ended += 1
         finish = self.clock.now()
         job = run.job
+        if run.scope:
+            # One scope of a plan: its end is its own; the job's next start is its plan run's business.
+            log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
+                     run.scope, outcome, (finish - run.started_at).total_seconds(),
+                     f" error={message!r}" if message else "")
+            self.pending.append(Finish(
+                run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
+                finished_at=finish, lease_token=run.lease_token, rows_affected=rows_affected, result=result,
+                worker_pid=run.worker_pid if run.pids_changed else None,
+                backend_pid=run.backend_pid if run.pids_changed else None))
+            return
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
                          consecutive_failures=run.consecutive_failures,
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
@@ -490,10 +507,13 @@ class Scheduler:
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=end.skipped, lease_token=run.lease_token,
-            rows_affected=rows_affected, result=result,
+            rows_affected=rows_affected, result=result, scopes=scopes,
             worker_pid=run.worker_pid if run.pids_changed else None,
             backend_pid=run.backend_pid if run.pids_changed else None,
         ))
+        if scopes is not None:
+            log.info("run %s of job %s queued %d scope run(s) for plan %s", run.run_id, job.job_id, len(scopes),
+                     run.plan_time.isoformat())
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start
 

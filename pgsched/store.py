@@ -78,6 +78,8 @@ class Finish:
     # The worker and backend that really ran it (a worker may have reconnected as the job's owner).
     worker_pid: int | None = None
     backend_pid: int | None = None
+    # A scoped job's plan run: the scope keys to queue a run for.
+    scopes: list[str] | None = None
     # The lease the closing scheduler holds (None: not a scheduler's own run, e.g. one found
     # abandoned): the close is refused if the run's lease is no longer this one.
     lease_token: int | None = None
@@ -328,6 +330,7 @@ class Store:
             "disable_reason": f.disable_reason, "rows_affected": f.rows_affected, "result": f.result,
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
             "worker_pid": f.worker_pid, "backend_pid": f.backend_pid, "lease_token": f.lease_token,
+            "scopes": f.scopes,
         } for f in finishes]
         return self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),))
 
@@ -364,7 +367,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
         max_runtime=None if max_runtime is None else timedelta(seconds=max_runtime),
         max_retries=row["max_retries"], retry_period=timedelta(seconds=row["retry_period_s"]),
         catch_up=_policy(row), schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0),
-        allow_stale_reentry=bool(row["allow_stale_reentry"]),
+        allow_stale_reentry=bool(row["allow_stale_reentry"]), scope_query=row["scope_query"],
     )
 
 
@@ -383,7 +386,8 @@ def _claimed_from_row(row: dict[str, Any]) -> Claimed:
     run = Run(
         run_id=row["run_id"], job=job, plan_time=row["plan_time"], started_at=row["started_at"],
         consecutive_failures=row["consecutive_failures"], consecutive_crashes=row["consecutive_crashes"],
-        lease_token=row["lease_token"], worker_pid=row["worker_pid"], backend_pid=row["backend_pid"],
+        lease_token=row["lease_token"], scope=row["scope"] or "", worker_pid=row["worker_pid"],
+        backend_pid=row["backend_pid"],
     )
     return Claimed(run, run.run_id, job.job_id, row["worker_pid"])
 

@@ -40,6 +40,9 @@ EXIT_CONNECT = 3
 EXIT_LOST = 4
 # Messages and stored text stay small: history rows are read by people.
 MAX_MESSAGE = 4000
+# A scoped job's plan queues one run per key: bounded, so that a runaway query cannot flood the history.
+MAX_SCOPES = 10_000
+MAX_SCOPE_KEY = 200
 
 
 def _die_with_parent() -> None:
@@ -143,6 +146,8 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     setters = sql.SQL(", ").join(
         sql.SQL("pg_catalog.set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings
     )
+    if msg.get("scope_query"):
+        return _fan_out(conn, msg, result, setters)
     if msg["kind"] == "python":
         try:
             conn.execute(sql.SQL("SELECT {}").format(setters))
@@ -173,6 +178,33 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
         lost = conn.closed or conn.broken
         result.update(ok=False, sqlstate=e.sqlstate, lost=lost,
                       message=(e.diag.message_primary or str(e) or type(e).__name__)[:MAX_MESSAGE])
+    return result
+
+
+def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], result: dict[str, Any],
+             setters: sql.Composable) -> dict[str, Any]:
+    """The plan run of a scoped job: read its scope keys, as its owner, in a read-only transaction.
+
+    The query is wrapped as a subquery, so it must be one query returning rows (the first
+    column is the key); several statements or a command are a syntax error, not executed.
+    """
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("SELECT {}").format(setters))
+            conn.execute("SET TRANSACTION READ ONLY")
+            _wait_for_start(msg)
+            rows = conn.execute(sql.SQL("SELECT s.* FROM ({}) AS s").format(sql.SQL(msg["scope_query"]))).fetchall()
+    except psycopg.Error as e:
+        result.update(ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
+                      message=f"scope_query: {e.diag.message_primary or e}"[:MAX_MESSAGE])
+        return result
+    keys = list(dict.fromkeys(str(r[0]) for r in rows if r and r[0] is not None))
+    if len(keys) > MAX_SCOPES or any(len(k) > MAX_SCOPE_KEY for k in keys):
+        result.update(ok=False, sqlstate="54000",
+                      message=f"scope_query returned {len(keys)} keys; at most {MAX_SCOPES} keys of at most "
+                              f"{MAX_SCOPE_KEY} characters are accepted")
+        return result
+    result.update(scopes=keys, result={"scopes": len(keys)})
     return result
 
 

@@ -78,6 +78,18 @@ BEGIN
        SET finished_at = fin, outcome = _mark_end.outcome, sqlstate = _mark_end.sqlstate,
            message = _mark_end.message, rows_affected = _mark_end.rows_affected, result = _mark_end.result
      WHERE jr.run_id = _mark_end.run_id;
+    IF r.scope <> '' THEN
+        -- A scope run counts in the totals; the job's state and next start belong to its plan run.
+        UPDATE pgsched.job_stat s
+           SET last_finish = greatest(s.last_finish, fin),
+               last_successful_finish = CASE WHEN ok THEN greatest(s.last_successful_finish, fin)
+                                             ELSE s.last_successful_finish END,
+               total_successes = s.total_successes + ok::int,
+               total_failures = s.total_failures + failed::int,
+               total_crashes = s.total_crashes - (NOT crashed)::int
+         WHERE s.job_id = r.job_id;
+        RETURN true;
+    END IF;
     UPDATE pgsched.job_stat s
        SET state = CASE WHEN _mark_end.disable_reason IS NOT NULL
                              OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)

@@ -28,7 +28,7 @@ SELECT j.job_id, j.job_name, j.kind,
        j.timezone, extract(epoch FROM j.max_runtime)::float8 AS max_runtime_s, j.max_retries,
        extract(epoch FROM j.retry_period)::float8 AS retry_period_s, j.catch_up,
        extract(epoch FROM j.catch_up_window)::float8 AS catch_up_window_s, j.max_plans_per_tick,
-       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry
+       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -38,28 +38,31 @@ SELECT j.job_id, j.job_name, j.kind,
          AND p.proargtypes = '23 3802'::pg_catalog.oidvector
   ) pr ON true;
 
--- Claim up to cardinality(worker_pids) due jobs, most overdue first, and mark
--- their start: each gets a 'running' job_run row carrying the worker that will
--- run it, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED
--- and the state check let several schedulers claim at once without waiting on
--- or double-claiming each other; the unique (job_id, scope, plan_time) key makes
--- a planned run happen at most once even so. A job whose planned run already
--- exists (e.g. next_start was set back by hand to a plan that ran) gets its
--- next_start cleared, and the scheduler computes a fresh one.
+-- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
+-- (most overdue first), then, with the workers left, queued runs of scoped jobs.
+-- Each gets a 'running' job_run row carrying the worker that will run it and a lease
+-- token, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED and the
+-- state check let several schedulers claim at once without waiting on or
+-- double-claiming each other; the unique (job_id, scope, plan_time) key makes a planned
+-- run happen at most once even so. A job whose planned run already exists (e.g.
+-- next_start was set back by hand to a plan that ran) gets its next_start cleared, and
+-- the scheduler computes a fresh one.
 -- `ahead` claims runs due within that much time: the scheduler hands them to a
--- worker that waits for the plan time, so the claim's own latency does not
--- delay the start. Such a run's started_at is its plan time.
+-- worker that waits for the start time, so the claim's own latency does not delay
+-- the start. Such a run's started_at is its start time.
+-- A scope runs one plan at a time: only the oldest queued run of a (job, scope) with
+-- no run of that scope in progress is claimable.
 CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
                                           ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
-RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at timestamptz, lease_token bigint,
-               worker_pid integer, backend_pid integer, consecutive_failures integer,
+RETURNS TABLE (run_id bigint, job_id integer, scope text, plan_time timestamptz, started_at timestamptz,
+               lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
                consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
                initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
                retry_period_s double precision, catch_up text, catch_up_window_s double precision,
                max_plans_per_tick integer, schedule_delay_s double precision, allow_stale_reentry boolean,
-               next_due timestamptz, db_now timestamptz)
+               scope_query text, next_due timestamptz, db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 -- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
@@ -80,6 +83,17 @@ BEGIN
                  ORDER BY s.next_start, s.job_id
                  LIMIT cardinality(worker_pids)
                    FOR UPDATE OF s SKIP LOCKED) s
+    ), queued AS (
+        SELECT q.run_id, (SELECT count(*) FROM due) + row_number() OVER (ORDER BY q.plan_time, q.run_id) AS n
+          FROM (SELECT q.run_id, q.plan_time FROM pgsched.job_run q JOIN pgsched.job jq ON jq.job_id = q.job_id
+                 WHERE q.outcome = 'queued' AND jq.scheduled
+                   AND (jq.kind <> 'python' OR jq.code_module = ANY (code_modules))
+                   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                                    WHERE o.job_id = q.job_id AND o.scope = q.scope
+                                      AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)))
+                 ORDER BY q.plan_time, q.run_id
+                 LIMIT greatest(cardinality(worker_pids) - (SELECT count(*) FROM due), 0)
+                   FOR UPDATE OF q SKIP LOCKED) q
     ), runs AS (
         INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
                                           instance_id, lease_token, heartbeat_at)
@@ -90,14 +104,29 @@ BEGIN
           FROM due d
          ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
-        RETURNING r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+        RETURNING r.run_id, r.job_id, r.scope, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+    ), scoped AS (
+        UPDATE pgsched.job_run r
+           SET outcome = 'running', started_at = now(), worker_pid = worker_pids[q.n], backend_pid = backend_pids[q.n],
+               instance_id = _claim.instance_id, lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = now()
+          FROM queued q
+         WHERE r.run_id = q.run_id
+        RETURNING r.run_id, r.job_id, r.scope, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+    ), claimed AS (
+        SELECT * FROM runs UNION ALL SELECT * FROM scoped
     ), started AS (
+        -- One update per job (a job may start a plan and scope runs of an earlier plan at once):
+        -- scope runs count in the totals but leave the job's state to its plan run.
         UPDATE pgsched.job_stat s
-           SET state = 'starting', current_run_id = r.run_id, last_start = r.started_at,
-               total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
-               consecutive_crashes = s.consecutive_crashes + 1
-          FROM runs r
-         WHERE s.job_id = r.job_id
+           SET state = CASE WHEN c.plan_run IS NULL THEN s.state ELSE 'starting' END,
+               current_run_id = coalesce(c.plan_run, s.current_run_id),
+               last_start = greatest(s.last_start, c.started_at),
+               total_runs = s.total_runs + c.n, total_crashes = s.total_crashes + c.n,
+               consecutive_crashes = s.consecutive_crashes + (c.plan_run IS NOT NULL)::integer
+          FROM (SELECT c.job_id, count(*)::integer AS n, max(c.run_id) FILTER (WHERE c.scope = '') AS plan_run,
+                       max(c.started_at) AS started_at
+                  FROM claimed c GROUP BY c.job_id) c
+         WHERE s.job_id = c.job_id
         RETURNING s.job_id
     ), conflicted AS (
         UPDATE pgsched.job_stat s SET next_start = NULL
@@ -105,12 +134,12 @@ BEGIN
          WHERE s.job_id = d.job_id AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = d.job_id)
         RETURNING s.job_id
     )
-    SELECT r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid,
-           d.consecutive_failures, d.consecutive_crashes,
+    SELECT c.run_id, c.job_id, c.scope, c.plan_time, c.started_at, c.lease_token, c.worker_pid, c.backend_pid,
+           coalesce(d.consecutive_failures, 0), coalesce(d.consecutive_crashes, 0),
            v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
-           v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry,
+           v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index).
            (SELECT s2.next_start FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
@@ -119,10 +148,10 @@ BEGIN
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
            clock_timestamp()
-      FROM runs r
-      JOIN due d ON d.job_id = r.job_id
-      JOIN pgsched._job_launch v ON v.job_id = r.job_id
-     ORDER BY r.plan_time, r.job_id;
+      FROM claimed c
+      LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
+      JOIN pgsched._job_launch v ON v.job_id = c.job_id
+     ORDER BY c.plan_time, c.job_id, c.scope;
 END
 $$;
 
@@ -160,10 +189,18 @@ RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
-    SELECT (SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
-             WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
-               AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
-             ORDER BY s.next_start LIMIT 1),
+    SELECT least((SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
+                   WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
+                     AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
+                   ORDER BY s.next_start LIMIT 1),
+                 -- Claimable queued scope runs are due now (see _claim).
+                 (SELECT now() FROM pgsched.job_run q JOIN pgsched.job jq ON jq.job_id = q.job_id
+                   WHERE q.outcome = 'queued' AND jq.scheduled
+                     AND (jq.kind <> 'python' OR jq.code_module = ANY (code_modules))
+                     AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                                      WHERE o.job_id = q.job_id AND o.scope = q.scope
+                                        AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)))
+                   LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))),
            clock_timestamp()
@@ -239,6 +276,7 @@ $$;
 -- worker set (it names the job, the run and the lease): the caller terminates it
 -- before closing the run as a crash or taking it over (allow_stale_reentry).
 DROP FUNCTION IF EXISTS pgsched._abandoned_runs(bigint, interval, bigint[]);
+DROP FUNCTION IF EXISTS pgsched._abandoned_runs(bigint, interval, interval, bigint[]);
 CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, grace interval,
                                                    held bigint[])
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
@@ -321,15 +359,15 @@ $$;
 -- a crash; the new one is counted in advance like any start (see 20_runs.sql).
 CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
                                               worker_pids integer[], backend_pids integer[])
-RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, started_at timestamptz, lease_token bigint,
-               worker_pid integer, backend_pid integer, consecutive_failures integer,
+RETURNS TABLE (run_id bigint, job_id integer, scope text, plan_time timestamptz, started_at timestamptz,
+               lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
                consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
                initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
                retry_period_s double precision, catch_up text, catch_up_window_s double precision,
                max_plans_per_tick integer, schedule_delay_s double precision, allow_stale_reentry boolean,
-               next_due timestamptz, db_now timestamptz)
+               scope_query text, next_due timestamptz, db_now timestamptz)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH t AS (
@@ -341,21 +379,25 @@ SET search_path = pg_catalog, pg_temp AS $$
                                 r.attempt + 1, r.attempt, r.instance_id)
           FROM unnest(run_ids, tokens, worker_pids, backend_pids) AS u(run_id, token, worker_pid, backend_pid)
          WHERE r.run_id = u.run_id AND r.lease_token = u.token AND r.outcome = 'running'
-        RETURNING r.run_id, r.job_id, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+        RETURNING r.run_id, r.job_id, r.scope, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
     ), s AS (
         UPDATE pgsched.job_stat s
-           SET state = 'starting', current_run_id = t.run_id, last_start = t.started_at,
-               total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
-               consecutive_crashes = s.consecutive_crashes + 1
-          FROM t WHERE s.job_id = t.job_id
+           SET state = CASE WHEN c.plan_run IS NULL THEN s.state ELSE 'starting' END,
+               current_run_id = coalesce(c.plan_run, s.current_run_id), last_start = c.started_at,
+               total_runs = s.total_runs + c.n, total_crashes = s.total_crashes + c.n,
+               consecutive_crashes = s.consecutive_crashes + (c.plan_run IS NOT NULL)::integer
+          FROM (SELECT t.job_id, count(*)::integer AS n, max(t.run_id) FILTER (WHERE t.scope = '') AS plan_run,
+                       max(t.started_at) AS started_at
+                  FROM t GROUP BY t.job_id) c
+         WHERE s.job_id = c.job_id
         RETURNING s.job_id, s.consecutive_failures, s.consecutive_crashes - 1 AS consecutive_crashes
     )
-    SELECT t.run_id, t.job_id, t.plan_time, t.started_at, t.lease_token, t.worker_pid, t.backend_pid,
+    SELECT t.run_id, t.job_id, t.scope, t.plan_time, t.started_at, t.lease_token, t.worker_pid, t.backend_pid,
            s.consecutive_failures, s.consecutive_crashes,
            v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
-           v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry,
+           v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            NULL::timestamptz, clock_timestamp()
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
@@ -500,6 +542,22 @@ BEGIN
     closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message',
                                 (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
                                 e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'));
+    IF closed AND jsonb_typeof(e->'scopes') = 'array' THEN
+        -- A plan run of a scoped job ends by queuing one run per scope key it found.
+        INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome)
+        SELECT r.job_id, k.value, r.plan_time, r.trigger, 'queued'
+          FROM pgsched.job_run r, jsonb_array_elements_text(e->'scopes') k
+         WHERE r.run_id = rid
+        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING;
+    END IF;
+    IF closed AND (jsonb_typeof(e->'scopes') = 'array'
+                   OR EXISTS (SELECT 1 FROM pgsched.job_run r JOIN pgsched.job_run q
+                                ON q.job_id = r.job_id AND q.scope = r.scope AND q.outcome = 'queued'
+                               WHERE r.run_id = rid AND r.scope <> '')) THEN
+        -- Queued scope runs became claimable: wake every scheduler (ours included), not
+        -- only the ones that happen to have an idle worker at their next claim.
+        PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
+    END IF;
     IF closed AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
         PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
                                         (e->>'skipped_last')::timestamptz);
