@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 # A result is stored in the run's history row: it must stay small.
 MAX_RESULT_BYTES = 8192
+# schedule_delay's bounds, as add_job checks them (sql/api/10_jobs.sql).
+NO_DELAY = timedelta(0)
+MAX_SCHEDULE_DELAY = timedelta(days=365)
+_MAX_INT4 = 2**31 - 1
 
 
 class JobDeclarationError(PgschedError):
@@ -95,6 +99,10 @@ class JobSpec:
     catch_up: str
     config: Any
     scheduled: bool
+    catch_up_window: str | None
+    max_plans_per_tick: int
+    schedule_delay: str
+    allow_stale_reentry: bool
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -103,6 +111,8 @@ class JobSpec:
             "initial_start": self.initial_start.isoformat() if self.initial_start else None,
             "max_runtime": self.max_runtime, "max_retries": self.max_retries, "retry_period": self.retry_period,
             "catch_up": self.catch_up, "config": self.config, "scheduled": self.scheduled,
+            "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
+            "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
         }
 
 
@@ -121,18 +131,36 @@ def registered(modules: list[str] | None = None) -> list[JobSpec]:
     return sorted(specs, key=lambda s: s.name)
 
 
+def _interval(value: object, what: str, fn: str, form: str) -> schedule.Interval:
+    """An interval string or a timedelta as an Interval; anything else names `what` and `form`."""
+    if not isinstance(value, str | timedelta):
+        raise JobDeclarationError(f"{fn}: {what} must be {form}, not {value!r}")
+    try:
+        return schedule.parse_interval(value) if isinstance(value, str) else schedule.Interval.from_timedelta(value)
+    except schedule.ScheduleError as e:
+        # parse_interval speaks of a schedule; name the argument this value was given for
+        raise JobDeclarationError(f"{fn}: invalid {what}: {e.message}") from None
+
+
 def _duration(value: str | timedelta | None, what: str, fn: str, *, allow_none: bool) -> str | None:
     if value is None:
         if allow_none:
             return None
         raise JobDeclarationError(f"{fn}: {what} must be given")
-    try:
-        iv = schedule.parse_interval(value) if isinstance(value, str) else schedule.Interval.from_timedelta(value)
-    except schedule.ScheduleError as e:
-        raise JobDeclarationError(f"{fn}: {e}") from None
+    form = "a positive duration such as '2 minutes'"
+    iv = _interval(value, what, fn, form)
     if iv.months or iv.days < 0 or iv.micros < 0 or not (iv.days or iv.micros):
-        raise JobDeclarationError(f"{fn}: {what} must be a positive duration such as '2 minutes', not {value!r}")
+        raise JobDeclarationError(f"{fn}: {what} must be {form}, not {value!r}")
     return str(iv)
+
+
+def _delay(value: str | timedelta, fn: str) -> schedule.Interval:
+    """schedule_delay: a fixed duration from 0 up to MAX_SCHEDULE_DELAY (no months: their length varies)."""
+    form = "a duration from 0 up to 365 days such as '90 seconds' or '2 hours' (no months or years)"
+    iv = _interval(value, "schedule_delay", fn, form)
+    if iv.months or iv.days < 0 or iv.micros < 0 or iv.approx_timedelta() > MAX_SCHEDULE_DELAY:
+        raise JobDeclarationError(f"{fn}: schedule_delay must be {form}, not {value!r}")
+    return iv
 
 
 def _check_signature(func: Callable[..., Any], fn: str) -> None:
@@ -166,6 +194,10 @@ def job(
     catch_up: str = "latest",
     config: Any = None,
     scheduled: bool = True,
+    catch_up_window: str | timedelta | None = None,
+    max_plans_per_tick: int = 100,
+    schedule_delay: str | timedelta = NO_DELAY,
+    allow_stale_reentry: bool = False,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
@@ -195,6 +227,14 @@ def job(
             raise JobDeclarationError(f"{fn}: max_retries must be -1 (unlimited) or >= 0, not {max_retries!r}")
         if catch_up not in ("latest", "all", "none"):
             raise JobDeclarationError(f"{fn}: catch_up must be 'latest', 'all' or 'none', not {catch_up!r}")
+        if isinstance(max_plans_per_tick, bool) or not isinstance(max_plans_per_tick, int) \
+                or not 1 <= max_plans_per_tick <= _MAX_INT4:
+            raise JobDeclarationError(
+                f"{fn}: max_plans_per_tick must be a whole number from 1 to {_MAX_INT4}, not {max_plans_per_tick!r}")
+        if not isinstance(allow_stale_reentry, bool):
+            raise JobDeclarationError(f"{fn}: allow_stale_reentry must be True or False, not {allow_stale_reentry!r}")
+        delay = _delay(schedule_delay, fn)
+        window = _duration(catch_up_window, "catch_up_window", fn, allow_none=True)
         if initial_start is not None and initial_start.tzinfo is None:
             raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
         try:
@@ -216,6 +256,8 @@ def job(
             max_retries=max_retries,
             retry_period=_duration(retry_period, "retry_period", fn, allow_none=False) or "",
             catch_up=catch_up, config=config, scheduled=scheduled,
+            catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
+            allow_stale_reentry=allow_stale_reentry,
         )
         return func
 

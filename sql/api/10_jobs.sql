@@ -1,16 +1,55 @@
 -- The job API: add_job (TimescaleDB-compatible), alter_job, delete_job, and
 -- pg_cron-style schedule/unschedule. Every entry point checks all of its input
 -- before writing anything, so a rejected call leaves the catalog untouched.
+--
+-- schedule_delay: job_stat.next_start is when the next run becomes eligible, its
+-- plan time + schedule_delay; the scheduler takes plan_time = next_start - delay
+-- when it claims. The delay is a fixed duration (no months; a day is 24 hours) and
+-- is added as elapsed time, as the scheduler subtracts it, so the two are exact
+-- inverses whatever the session's TimeZone.
+
+-- This file is re-applied with CREATE OR REPLACE, which cannot change a function's
+-- arguments: a new argument list makes a second overload (and ambiguous calls).
+-- So a signature that changed is dropped here first. These are the signatures
+-- before catch_up_window, max_plans_per_tick, schedule_delay and allow_stale_reentry
+-- (migration 0004); public's wrappers of them go in 90_public.sql.
+DO $drop_old$
+DECLARE
+    old_signature text;
+BEGIN
+    FOREACH old_signature IN ARRAY ARRAY[
+        'pgsched._check_settings(text, boolean, text, interval, integer, interval, text, text)',
+        'pgsched._insert_job(text, regproc, text, text, jsonb, timestamptz, boolean, regproc, boolean, text, '
+            || 'text, interval, integer, interval, text, boolean)',
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean)',
+        'pgsched._alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb)']
+    LOOP
+        -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
+        IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
+            EXECUTE 'DROP FUNCTION ' || old_signature;
+        END IF;
+    END LOOP;
+END
+$drop_old$;
 
 -- The one place a job row is written from settings; add_job, schedule and
 -- alter_job all end here so the checks cannot drift apart.
 CREATE OR REPLACE FUNCTION pgsched._check_settings(
     schedule text, fixed_schedule boolean, timezone text, max_runtime interval, max_retries integer,
-    retry_period interval, catch_up text, job_name text)
+    retry_period interval, catch_up text, job_name text, catch_up_window interval, max_plans_per_tick integer,
+    schedule_delay interval, allow_stale_reentry boolean)
 RETURNS interval LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     iv interval;
+    delay_form constant text := 'a duration from 0 up to 365 days without months or years, such as ''0'', '
+        || '''90 seconds'' or ''2 hours''';
 BEGIN
     IF fixed_schedule IS NULL THEN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
@@ -35,6 +74,34 @@ BEGIN
         PERFORM pgsched._bad_arg('catch_up', coalesce(quote_literal(catch_up), 'NULL'),
                                  'one of ''latest'', ''all'', ''none''');
     END IF;
+    IF max_plans_per_tick IS NULL THEN
+        PERFORM pgsched._bad_arg('max_plans_per_tick', 'NULL', 'a whole number of at least 1', '22004');
+    ELSIF max_plans_per_tick < 1 THEN
+        PERFORM pgsched._bad_arg('max_plans_per_tick', format('%s is less than 1', max_plans_per_tick),
+                                 'a whole number of at least 1');
+    END IF;
+    IF allow_stale_reentry IS NULL THEN
+        PERFORM pgsched._bad_arg('allow_stale_reentry', 'NULL', 'true or false', '22004');
+    END IF;
+    -- The bound is a sanity limit: a plan that waits longer than a year is a mistake
+    -- (a unit typed wrongly) more likely than a design, and next_start stays far from
+    -- the end of the timestamp range.
+    IF schedule_delay IS NULL THEN
+        PERFORM pgsched._bad_arg('schedule_delay', 'NULL', delay_form, '22004');
+    ELSIF schedule_delay < interval '0' THEN
+        PERFORM pgsched._bad_arg('schedule_delay', format('%s is negative', schedule_delay), delay_form);
+    ELSIF (pgsched._interval_parts(schedule_delay)).months <> 0 THEN
+        -- The scheduler takes a plan's time as next_start minus the delay: that must be exact.
+        PERFORM pgsched._bad_arg('schedule_delay', format('%s has months or years, whose length varies',
+                                                          schedule_delay), delay_form);
+    ELSIF schedule_delay > interval '365 days' THEN
+        PERFORM pgsched._bad_arg('schedule_delay', format('%s is longer than 365 days', schedule_delay),
+                                 delay_form);
+    END IF;
+    IF catch_up_window IS NOT NULL AND catch_up_window <= interval '0' THEN
+        PERFORM pgsched._bad_arg('catch_up_window', format('%s is not positive', catch_up_window),
+                                 'a positive interval such as ''1 hour'', or NULL for no limit');
+    END IF;
     IF job_name IS NOT NULL AND btrim(job_name) = '' THEN
         PERFORM pgsched._bad_arg('job_name', 'empty', 'a non-empty name, or NULL for a generated one');
     END IF;
@@ -50,7 +117,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._insert_job(
     kind text, proc regproc, command text, schedule text, config jsonb, initial_start timestamptz,
     scheduled boolean, check_config regproc, fixed_schedule boolean, timezone text, job_name text,
-    max_runtime interval, max_retries integer, retry_period interval, catch_up text, if_not_exists boolean)
+    max_runtime interval, max_retries integer, retry_period interval, catch_up text, if_not_exists boolean,
+    catch_up_window interval, max_plans_per_tick integer, schedule_delay interval, allow_stale_reentry boolean)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -63,7 +131,8 @@ DECLARE
 BEGIN
     PERFORM pgsched._check_owner_can_login();
     iv := pgsched._check_settings(schedule, fixed_schedule, timezone, max_runtime, max_retries, retry_period,
-                                  catch_up, job_name);
+                                  catch_up, job_name, catch_up_window, max_plans_per_tick, schedule_delay,
+                                  allow_stale_reentry);
     IF scheduled IS NULL THEN
         PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
     END IF;
@@ -95,13 +164,16 @@ BEGIN
     id := nextval(pg_catalog.pg_get_serial_sequence('pgsched.job', 'job_id'));
     INSERT INTO pgsched.job (job_id, job_name, kind, proc_schema, proc_name, command, schedule, schedule_interval,
                              fixed_schedule, initial_start, timezone, config, check_schema, check_name, scheduled,
-                             max_runtime, max_retries, retry_period, catch_up)
+                             max_runtime, max_retries, retry_period, catch_up, catch_up_window,
+                             max_plans_per_tick, schedule_delay, allow_stale_reentry)
     VALUES (id, coalesce(job_name, format('%s [%s]', coalesce(t_name::text, 'command'), id)), kind,
             t_schema, t_name, command, btrim(schedule), iv, fixed_schedule, initial_start,
             timezone, config, c_schema, c_name, scheduled, max_runtime, max_retries, retry_period,
-            catch_up);
+            catch_up, catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry);
+    -- next_start is when the first plan becomes eligible (see the top of this file).
     UPDATE pgsched.job_stat s
        SET next_start = pgsched._first_start(btrim(schedule), iv, fixed_schedule, initial_start, timezone)
+                        + pg_catalog.make_interval(secs => extract(epoch FROM _insert_job.schedule_delay))
      WHERE s.job_id = id;
     RETURN id;
 END
@@ -121,12 +193,17 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     max_retries integer DEFAULT -1,
     retry_period interval DEFAULT interval '5 minutes',
     catch_up text DEFAULT 'latest',
-    if_not_exists boolean DEFAULT false)
+    if_not_exists boolean DEFAULT false,
+    catch_up_window interval DEFAULT NULL,
+    max_plans_per_tick integer DEFAULT 100,
+    schedule_delay interval DEFAULT interval '0',
+    allow_stale_reentry boolean DEFAULT false)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched._insert_job('proc', proc, NULL, schedule, config, initial_start, scheduled, check_config,
                                fixed_schedule, timezone, job_name, max_runtime, max_retries, retry_period,
-                               catch_up, if_not_exists)
+                               catch_up, if_not_exists, catch_up_window, max_plans_per_tick, schedule_delay,
+                               allow_stale_reentry)
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -145,14 +222,19 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     max_retries integer DEFAULT -1,
     retry_period interval DEFAULT interval '5 minutes',
     catch_up text DEFAULT 'latest',
-    if_not_exists boolean DEFAULT false)
+    if_not_exists boolean DEFAULT false,
+    catch_up_window interval DEFAULT NULL,
+    max_plans_per_tick integer DEFAULT 100,
+    schedule_delay interval DEFAULT interval '0',
+    allow_stale_reentry boolean DEFAULT false)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgsched._check_interval(schedule_interval, fixed_schedule, 'schedule_interval');
     RETURN pgsched._insert_job('proc', proc, NULL, pgsched._interval_text(schedule_interval), config,
                                initial_start, scheduled, check_config, fixed_schedule, timezone, job_name,
-                               max_runtime, max_retries, retry_period, catch_up, if_not_exists);
+                               max_runtime, max_retries, retry_period, catch_up, if_not_exists,
+                               catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry);
 END
 $$;
 
@@ -181,7 +263,11 @@ CREATE OR REPLACE FUNCTION pgsched._alter_job(
     job_name text DEFAULT NULL,
     schedule text DEFAULT NULL,
     catch_up text DEFAULT NULL,
-    config_merge jsonb DEFAULT NULL)
+    config_merge jsonb DEFAULT NULL,
+    catch_up_window interval DEFAULT NULL,
+    max_plans_per_tick integer DEFAULT NULL,
+    schedule_delay interval DEFAULT NULL,
+    allow_stale_reentry boolean DEFAULT NULL)
 RETURNS TABLE (r_job_id integer, r_schedule text, r_schedule_interval interval, r_max_runtime interval,
                r_max_retries integer, r_retry_period interval, r_scheduled boolean, r_config jsonb,
                r_next_start timestamptz, r_check_config text, r_fixed_schedule boolean,
@@ -193,6 +279,7 @@ DECLARE
     new_schedule text;
     iv interval;
     reschedule boolean;
+    old_delay interval;
 BEGIN
     IF _alter_job.job_id IS NULL THEN
         PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
@@ -223,6 +310,11 @@ BEGIN
     j.max_retries := coalesce(_alter_job.max_retries, j.max_retries);
     j.retry_period := coalesce(_alter_job.retry_period, j.retry_period);
     j.catch_up := coalesce(_alter_job.catch_up, j.catch_up);
+    j.catch_up_window := coalesce(_alter_job.catch_up_window, j.catch_up_window);
+    j.max_plans_per_tick := coalesce(_alter_job.max_plans_per_tick, j.max_plans_per_tick);
+    old_delay := j.schedule_delay;
+    j.schedule_delay := coalesce(_alter_job.schedule_delay, j.schedule_delay);
+    j.allow_stale_reentry := coalesce(_alter_job.allow_stale_reentry, j.allow_stale_reentry);
     j.job_name := coalesce(_alter_job.job_name, j.job_name);
     j.scheduled := coalesce(_alter_job.scheduled, j.scheduled);
     j.config := coalesce(_alter_job.config, j.config);
@@ -234,7 +326,8 @@ BEGIN
         j.config := coalesce(j.config, '{}'::jsonb) || _alter_job.config_merge;
     END IF;
     iv := pgsched._check_settings(j.schedule, j.fixed_schedule, j.timezone, j.max_runtime, j.max_retries,
-                                  j.retry_period, j.catch_up, j.job_name);
+                                  j.retry_period, j.catch_up, j.job_name, j.catch_up_window, j.max_plans_per_tick,
+                                  j.schedule_delay, j.allow_stale_reentry);
     j.schedule_interval := iv;
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
@@ -256,15 +349,25 @@ BEGIN
         fixed_schedule = j.fixed_schedule, initial_start = j.initial_start, timezone = j.timezone,
         config = j.config, check_schema = j.check_schema, check_name = j.check_name, scheduled = j.scheduled,
         max_runtime = j.max_runtime, max_retries = j.max_retries, retry_period = j.retry_period,
-        catch_up = j.catch_up
+        catch_up = j.catch_up, catch_up_window = j.catch_up_window, max_plans_per_tick = j.max_plans_per_tick,
+        schedule_delay = j.schedule_delay, allow_stale_reentry = j.allow_stale_reentry
      WHERE job.job_id = j.job_id;
 
+    -- next_start is when the next plan becomes eligible (see the top of this file); a
+    -- next_start given here is taken as that, as it is.
     IF _alter_job.next_start IS NOT NULL THEN
         UPDATE pgsched.job_stat s SET next_start = _alter_job.next_start WHERE s.job_id = j.job_id;
     ELSIF reschedule THEN
         UPDATE pgsched.job_stat s
            SET next_start = pgsched._first_start(j.schedule, iv, j.fixed_schedule, j.initial_start, j.timezone)
+                            + pg_catalog.make_interval(secs => extract(epoch FROM j.schedule_delay))
          WHERE s.job_id = j.job_id;
+    ELSIF j.schedule_delay <> old_delay THEN
+        -- Same plan, another delay: it becomes eligible (new - old) later (or earlier).
+        UPDATE pgsched.job_stat s
+           SET next_start = s.next_start + pg_catalog.make_interval(
+                   secs => extract(epoch FROM j.schedule_delay) - extract(epoch FROM old_delay))
+         WHERE s.job_id = j.job_id AND s.next_start IS NOT NULL;
     END IF;
 
     RETURN QUERY
@@ -295,14 +398,19 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     job_name text DEFAULT NULL,
     schedule text DEFAULT NULL,
     catch_up text DEFAULT NULL,
-    config_merge jsonb DEFAULT NULL)
+    config_merge jsonb DEFAULT NULL,
+    catch_up_window interval DEFAULT NULL,
+    max_plans_per_tick integer DEFAULT NULL,
+    schedule_delay interval DEFAULT NULL,
+    allow_stale_reentry boolean DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
                timezone text)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT * FROM pgsched._alter_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+    SELECT * FROM pgsched._alter_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                                     $18, $19, $20, $21)
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)
@@ -328,22 +436,29 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     id integer;
     iv interval;
+    cur pgsched.job;
 BEGIN
     IF job_name IS NULL THEN
         PERFORM pgsched._bad_arg('job_name', 'NULL', 'a non-empty name', '22004');
     END IF;
     PERFORM pgsched._check_owner_can_login();
-    SELECT j.job_id INTO id FROM pgsched.job j
+    SELECT * INTO cur FROM pgsched.job j
      WHERE j.owner = current_user::regrole AND j.job_name = schedule.job_name FOR UPDATE;
+    id := cur.job_id;
     IF id IS NULL THEN
         RETURN pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL,
-                                   job_name, NULL, -1, interval '5 minutes', 'latest', false);
+                                   job_name, NULL, -1, interval '5 minutes', 'latest', false,
+                                   NULL, 100, interval '0', false);
     END IF;
     IF command IS NULL OR btrim(command) = '' THEN
         PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text',
                                  CASE WHEN command IS NULL THEN '22004' ELSE '22023' END);
     END IF;
-    iv := pgsched._check_settings(schedule, true, NULL, NULL, -1, interval '5 minutes', 'latest', job_name);
+    -- The schedule becomes pg_cron's (fixed, no origin, UTC); the job's other settings,
+    -- which pg_cron does not have, stay as they are.
+    iv := pgsched._check_settings(schedule, true, NULL, NULL, -1, interval '5 minutes', 'latest', job_name,
+                                  cur.catch_up_window, cur.max_plans_per_tick, cur.schedule_delay,
+                                  cur.allow_stale_reentry);
     UPDATE pgsched.job j
        SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL,
            schedule = btrim(schedule.schedule), schedule_interval = iv, fixed_schedule = true,
@@ -351,6 +466,7 @@ BEGIN
      WHERE j.job_id = id;
     UPDATE pgsched.job_stat s
        SET next_start = pgsched._first_start(btrim(schedule.schedule), iv, true, NULL, NULL)
+                        + pg_catalog.make_interval(secs => extract(epoch FROM cur.schedule_delay))
      WHERE s.job_id = id AND s.state <> 'disabled';
     RETURN id;
 END
@@ -360,7 +476,8 @@ CREATE OR REPLACE FUNCTION pgsched.schedule(schedule text, command text)
 RETURNS bigint LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL, NULL,
-                               NULL, -1, interval '5 minutes', 'latest', false)::bigint
+                               NULL, -1, interval '5 minutes', 'latest', false, NULL, 100, interval '0',
+                               false)::bigint
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.unschedule(job_name text)

@@ -10,7 +10,8 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.schedule, j.schedule_interval, j.fixed_schedule, j.initial_start, j.timezone,
        j.config, j.check_schema, j.check_name, j.scheduled,
        j.max_runtime, j.max_retries, j.retry_period, j.catch_up,
-       s.next_start, j.created_at, j.updated_at
+       s.next_start, j.created_at, j.updated_at,
+       j.catch_up_window, j.max_plans_per_tick, j.schedule_delay, j.allow_stale_reentry
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 
@@ -22,7 +23,9 @@ SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
        s.last_run_duration,
        s.total_runs, s.total_successes, s.total_failures, s.total_crashes, s.total_skipped,
        s.consecutive_failures, s.consecutive_crashes,
-       s.current_run_id, s.disabled_reason
+       s.current_run_id, s.disabled_reason,
+       -- appended, not beside total_skipped: a view's existing columns cannot move on upgrade
+       s.total_missed
   FROM pgsched.job_stat s
   JOIN pgsched.job j USING (job_id);
 

@@ -38,6 +38,12 @@ SELECT j.job_id, j.job_name, j.kind,
          AND p.proargtypes = '23 3802'::pg_catalog.oidvector
   ) pr ON true;
 
+-- Functions whose result columns changed since an earlier release: CREATE OR REPLACE
+-- cannot change them, so upgrades drop the old ones first.
+DROP FUNCTION IF EXISTS pgsched._claim(bigint, integer[], integer[], interval, text[]);
+DROP FUNCTION IF EXISTS pgsched._take_over(bigint, bigint[], bigint[], integer[], integer[]);
+DROP FUNCTION IF EXISTS pgsched._heartbeat(bigint, integer, interval, interval, bigint[], bigint[]);
+
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first), then, with the workers left, queued runs of scoped jobs.
 -- Each gets a 'running' job_run row carrying the worker that will run it and a lease

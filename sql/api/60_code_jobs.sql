@@ -19,28 +19,40 @@ DECLARE
     id integer;
     new_start timestamptz;
     schedule_changed boolean;
+    delay interval;
 BEGIN
     -- Any fixed number: the lock only has to be the same for every deploy.
     PERFORM pg_catalog.pg_advisory_xact_lock(7401295311);
     FOR s IN SELECT value FROM jsonb_array_elements(specs) LOOP
+        -- Settings a spec leaves out take add_job's defaults.
+        s := jsonb_build_object('catch_up_window', NULL, 'max_plans_per_tick', 100, 'schedule_delay', '0',
+                                'allow_stale_reentry', false) || s;
         iv := pgsched._check_settings(s->>'schedule', (s->>'fixed_schedule')::boolean, s->>'timezone',
                                       (s->>'max_runtime')::interval, (s->>'max_retries')::integer,
-                                      (s->>'retry_period')::interval, s->>'catch_up', s->>'job_name');
+                                      (s->>'retry_period')::interval, s->>'catch_up', s->>'job_name',
+                                      (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer,
+                                      (s->>'schedule_delay')::interval, (s->>'allow_stale_reentry')::boolean);
+        delay := (s->>'schedule_delay')::interval;
         SELECT * INTO j FROM pgsched.job
          WHERE job.owner = current_user::regrole AND job.job_name = s->>'job_name'
            FOR UPDATE;
         IF NOT FOUND THEN
             INSERT INTO pgsched.job (job_name, kind, code_module, code_function, schedule, fixed_schedule,
                                      initial_start, timezone, config, scheduled, max_runtime, max_retries,
-                                     retry_period, catch_up)
+                                     retry_period, catch_up, catch_up_window, max_plans_per_tick, schedule_delay,
+                                     allow_stale_reentry)
             VALUES (s->>'job_name', 'python', s->>'code_module', s->>'code_function', s->>'schedule',
                     (s->>'fixed_schedule')::boolean, (s->>'initial_start')::timestamptz, s->>'timezone',
                     nullif(s->'config', 'null'), (s->>'scheduled')::boolean, (s->>'max_runtime')::interval,
-                    (s->>'max_retries')::integer, (s->>'retry_period')::interval, s->>'catch_up')
+                    (s->>'max_retries')::integer, (s->>'retry_period')::interval, s->>'catch_up',
+                    (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer, delay,
+                    (s->>'allow_stale_reentry')::boolean)
             RETURNING job.job_id INTO id;
+            -- next_start is when the first plan becomes eligible: its time + schedule_delay (10_jobs.sql).
             UPDATE pgsched.job_stat st
                SET next_start = pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
                                                      (s->>'initial_start')::timestamptz, s->>'timezone')
+                                + pg_catalog.make_interval(secs => extract(epoch FROM delay))
              WHERE st.job_id = id;
             job_id := id; job_name := s->>'job_name'; action := 'inserted';
             RETURN NEXT;
@@ -58,11 +70,13 @@ BEGIN
             OR j.timezone IS DISTINCT FROM s->>'timezone';
         IF schedule_changed
            OR (j.code_module, j.code_function, j.config, j.scheduled, j.max_runtime, j.max_retries,
-               j.retry_period, j.catch_up)
+               j.retry_period, j.catch_up, j.catch_up_window, j.max_plans_per_tick, j.schedule_delay,
+               j.allow_stale_reentry)
               IS DISTINCT FROM
               (s->>'code_module', s->>'code_function', nullif(s->'config', 'null'), (s->>'scheduled')::boolean,
                (s->>'max_runtime')::interval, (s->>'max_retries')::integer, (s->>'retry_period')::interval,
-               s->>'catch_up')
+               s->>'catch_up', (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer, delay,
+               (s->>'allow_stale_reentry')::boolean)
         THEN
             UPDATE pgsched.job SET
                 code_module = s->>'code_module', code_function = s->>'code_function', schedule = s->>'schedule',
@@ -70,12 +84,22 @@ BEGIN
                 initial_start = (s->>'initial_start')::timestamptz, timezone = s->>'timezone',
                 config = nullif(s->'config', 'null'), scheduled = (s->>'scheduled')::boolean,
                 max_runtime = (s->>'max_runtime')::interval, max_retries = (s->>'max_retries')::integer,
-                retry_period = (s->>'retry_period')::interval, catch_up = s->>'catch_up'
+                retry_period = (s->>'retry_period')::interval, catch_up = s->>'catch_up',
+                catch_up_window = (s->>'catch_up_window')::interval,
+                max_plans_per_tick = (s->>'max_plans_per_tick')::integer, schedule_delay = delay,
+                allow_stale_reentry = (s->>'allow_stale_reentry')::boolean
              WHERE job.job_id = j.job_id;
             IF schedule_changed THEN
                 new_start := pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
-                                                  (s->>'initial_start')::timestamptz, s->>'timezone');
+                                                  (s->>'initial_start')::timestamptz, s->>'timezone')
+                             + pg_catalog.make_interval(secs => extract(epoch FROM delay));
                 UPDATE pgsched.job_stat st SET next_start = new_start WHERE st.job_id = j.job_id;
+            ELSIF delay <> j.schedule_delay THEN
+                -- Same plan, another delay: it becomes eligible (new - old) later (or earlier).
+                UPDATE pgsched.job_stat st
+                   SET next_start = st.next_start + pg_catalog.make_interval(
+                           secs => extract(epoch FROM delay) - extract(epoch FROM j.schedule_delay))
+                 WHERE st.job_id = j.job_id AND st.next_start IS NOT NULL;
             END IF;
             job_id := j.job_id; job_name := j.job_name; action := 'updated';
         ELSE

@@ -2,7 +2,8 @@
 --   allow_stale_reentry: a run whose holder stopped renewing its lease may be taken
 --     over (run again, as a new attempt of the same plan) by another scheduler; for
 --     idempotent jobs. Otherwise such a run is closed as a crash and not re-run.
---   catch_up_window: how late a plan may still start; older ones are recorded as missed.
+--   catch_up_window: how late a plan may still start after it became eligible (plan time +
+--     schedule_delay); older ones are recorded as missed.
 --   max_plans_per_tick: catch_up 'all' replays at most this many missed plans when it
 --     finds a job behind; the older ones are recorded as missed.
 --   schedule_delay: a plan becomes eligible this long after its plan time.

@@ -64,7 +64,8 @@ def test_add_job_all_named_arguments(api: Conn) -> None:
     job_id = add_job(api, """proc => 'ok_proc', schedule => '1 hour', config => '{"k": [1, 2]}',
         initial_start => %s, scheduled => false, check_config => 'check_ok', fixed_schedule => false,
         timezone => 'Europe/Berlin', job_name => 'all named', max_runtime => '10 minutes', max_retries => 3,
-        retry_period => '1 minute', catch_up => 'all', if_not_exists => false""", (FUTURE,))
+        retry_period => '1 minute', catch_up => 'all', if_not_exists => false, catch_up_window => '2 hours',
+        max_plans_per_tick => 7, schedule_delay => '90 seconds', allow_stale_reentry => true""", (FUTURE,))
     j = job(api, job_id)
     created = j.pop("created_at")
     assert created is not None
@@ -76,11 +77,12 @@ def test_add_job_all_named_arguments(api: Conn) -> None:
         "initial_start": "2100-01-01T00:00:00+00:00", "timezone": "Europe/Berlin", "config": {"k": [1, 2]},
         "check_schema": "public", "check_name": "check_ok", "scheduled": False,
         "max_runtime": "00:10:00", "max_retries": 3, "retry_period": "00:01:00", "catch_up": "all",
-        "next_start": "2100-01-01T00:00:00+00:00",
+        "next_start": "2100-01-01T00:01:30+00:00", "catch_up_window": "02:00:00", "max_plans_per_tick": 7,
+        "schedule_delay": "00:01:30", "allow_stale_reentry": True,
     }
     s = stats(api, job_id)
     assert s["state"] == "disabled"
-    assert s["next_start"] == datetime(2100, 1, 1, tzinfo=UTC)
+    assert s["next_start"] == datetime(2100, 1, 1, 0, 1, 30, tzinfo=UTC)  # initial_start + schedule_delay
 
 
 def test_add_job_defaults(api: Conn) -> None:

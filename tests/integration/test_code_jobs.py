@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,81 @@ def test_a_python_name_already_used_by_a_sql_job_is_refused(db: str, conn: Conn)
     conn.execute("SELECT schedule('demo.ok', '1 hour', 'SELECT 1')")
     with pytest.raises(psycopg.errors.DuplicateObject, match="already the name of command job"):
         deploy(db, [DEMO])
+
+
+SETTINGS = "SELECT catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry FROM pgsched.jobs " \
+    "WHERE job_name = %s"
+
+
+def test_deploy_writes_the_lease_and_catch_up_settings(db: str, conn: Conn, versioned_app: tuple[str, Path]) -> None:
+    name, path = versioned_app
+    origin = datetime(2100, 1, 1, tzinfo=UTC)
+
+    def release(settings: str) -> list[str]:
+        load(name, path, f"import datetime\n\n@pgsched.job(every='1 hour', name='s', initial_start="
+                         f"datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc){settings})\ndef s(run): pass\n")
+        return [a for _, _, a in deploy(db, [name])]
+
+    def next_start() -> Any:
+        return one(conn, "SELECT next_start FROM job_stats WHERE job_name = 's'")
+
+    assert release(", catch_up_window='2 hours', max_plans_per_tick=7, schedule_delay='5 minutes', "
+                   "allow_stale_reentry=True") == ["inserted"]
+    assert conn.execute(SETTINGS, ("s",)).fetchone() == (timedelta(hours=2), 7, timedelta(minutes=5), True)
+    assert next_start() == origin + timedelta(minutes=5)  # eligible: plan time + schedule_delay
+    assert release(", catch_up_window='2 hours', max_plans_per_tick=7, schedule_delay='5 minutes', "
+                   "allow_stale_reentry=True") == ["unchanged"]
+    # each setting alone is a change; a new delay moves next_start, the others do not
+    assert release(", catch_up_window='2 hours', max_plans_per_tick=7, schedule_delay='20 minutes', "
+                   "allow_stale_reentry=True") == ["updated"]
+    assert next_start() == origin + timedelta(minutes=20)
+    assert release(", catch_up_window='3 hours', max_plans_per_tick=7, schedule_delay='20 minutes', "
+                   "allow_stale_reentry=True") == ["updated"]
+    assert release(", catch_up_window='3 hours', max_plans_per_tick=8, schedule_delay='20 minutes', "
+                   "allow_stale_reentry=True") == ["updated"]
+    assert release(", catch_up_window='3 hours', max_plans_per_tick=8, schedule_delay='20 minutes'") == ["updated"]
+    assert conn.execute(SETTINGS, ("s",)).fetchone() == (timedelta(hours=3), 8, timedelta(minutes=20), False)
+    assert next_start() == origin + timedelta(minutes=20)
+    # back to the defaults: written as such, and the plan is eligible at its time again
+    assert release("") == ["updated"]
+    assert conn.execute(SETTINGS, ("s",)).fetchone() == (None, 100, timedelta(0), False)
+    assert next_start() == origin
+    # a new schedule and a new delay together: the new first start plus the new delay
+    load(name, path, "import datetime\n\n@pgsched.job(every='1 hour', name='s', schedule_delay='1 minute', "
+                     "initial_start=datetime.datetime(2100, 2, 1, tzinfo=datetime.timezone.utc))\ndef s(run): pass\n")
+    assert [a for _, _, a in deploy(db, [name])] == ["updated"]
+    assert next_start() == datetime(2100, 2, 1, 0, 1, tzinfo=UTC)
+
+
+def test_a_spec_without_the_new_settings_gets_the_defaults(db: str, conn: Conn) -> None:
+    row = app.REGISTRY["demo.ok"].catalog_row()
+    for key in ("catch_up_window", "max_plans_per_tick", "schedule_delay", "allow_stale_reentry"):
+        row.pop(key)
+    store = Store(db, DbClock())
+    try:
+        assert [a for _, _, a in store.deploy([DEMO], [row])] == ["inserted"]
+    finally:
+        store.close()
+    assert conn.execute(SETTINGS, ("demo.ok",)).fetchone() == (None, 100, timedelta(0), False)
+
+
+@pytest.mark.parametrize(("setting", "value", "sqlstate"), [
+    ("max_plans_per_tick", 0, "22023"), ("max_plans_per_tick", None, "22004"),
+    ("schedule_delay", "-1 minute", "22023"), ("schedule_delay", "1 month", "22023"),
+    ("schedule_delay", None, "22004"), ("catch_up_window", "0", "22023"), ("allow_stale_reentry", None, "22004"),
+])
+def test_a_deploy_with_a_bad_setting_writes_nothing(db: str, conn: Conn, setting: str, value: Any,
+                                                    sqlstate: str) -> None:
+    good = app.REGISTRY["demo.boom"].catalog_row()
+    bad = {**app.REGISTRY["demo.ok"].catalog_row(), setting: value}
+    store = Store(db, DbClock())
+    try:
+        with pytest.raises(psycopg.Error) as e:
+            store.deploy([DEMO], [good, bad])
+    finally:
+        store.close()
+    assert e.value.sqlstate == sqlstate and setting in (e.value.diag.message_primary or "")
+    assert one(conn, "SELECT count(*) FROM pgsched.job") == 0
 
 
 # -- running handlers -----------------------------------------------------------------------------------

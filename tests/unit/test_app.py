@@ -73,6 +73,27 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "catch_up": "sometimes"}, "catch_up"),
     ({"every": "1 minute", "initial_start": datetime(2026, 1, 1)}, "timezone-aware"),
     ({"every": "1 minute", "config": {"x": object()}}, "JSON"),
+    ({"every": "1 minute", "catch_up_window": "0 seconds"}, "catch_up_window must be a positive duration"),
+    ({"every": "1 minute", "catch_up_window": timedelta(minutes=-5)}, "catch_up_window must be a positive duration"),
+    ({"every": "1 minute", "catch_up_window": "1 month"}, "catch_up_window must be a positive duration"),
+    ({"every": "1 minute", "catch_up_window": "soon"}, "invalid catch_up_window: 'soon' is not an interval"),
+    ({"every": "1 minute", "catch_up_window": 3600}, "catch_up_window must be a positive duration"),
+    ({"every": "1 minute", "max_plans_per_tick": 0}, "max_plans_per_tick must be a whole number from 1"),
+    ({"every": "1 minute", "max_plans_per_tick": -1}, "max_plans_per_tick"),
+    ({"every": "1 minute", "max_plans_per_tick": 2**31}, "max_plans_per_tick"),
+    ({"every": "1 minute", "max_plans_per_tick": 2.5}, "max_plans_per_tick"),
+    ({"every": "1 minute", "max_plans_per_tick": True}, "max_plans_per_tick"),
+    ({"every": "1 minute", "max_plans_per_tick": None}, "max_plans_per_tick"),
+    ({"every": "1 minute", "schedule_delay": None}, "schedule_delay must be a duration from 0"),
+    ({"every": "1 minute", "schedule_delay": timedelta(seconds=-1)}, "schedule_delay must be a duration from 0"),
+    ({"every": "1 minute", "schedule_delay": "1 month"}, "no months"),
+    ({"every": "1 minute", "schedule_delay": "366 days"}, "up to 365 days"),
+    ({"every": "1 minute", "schedule_delay": timedelta(days=365, microseconds=1)}, "up to 365 days"),
+    ({"every": "1 minute", "schedule_delay": "later"}, "invalid schedule_delay: 'later' is not an interval"),
+    ({"every": "1 minute", "schedule_delay": 60}, "schedule_delay must be a duration from 0"),
+    ({"every": "1 minute", "allow_stale_reentry": "yes"}, "allow_stale_reentry must be True or False"),
+    ({"every": "1 minute", "allow_stale_reentry": 1}, "allow_stale_reentry must be True or False"),
+    ({"every": "1 minute", "allow_stale_reentry": None}, "allow_stale_reentry"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
@@ -97,3 +118,37 @@ def test_results_are_size_capped() -> None:
     assert pgsched.Result(3, {"a": 1}).encoded() == (3, {"a": 1})
     rows, big = pgsched.Result(None, {"blob": "x" * 10_000}).encoded()
     assert rows is None and big == {"truncated": True, "bytes": 10_012, "limit": app.MAX_RESULT_BYTES}
+
+
+def test_lease_and_catch_up_settings_default_like_add_job() -> None:
+    @pgsched.job(every="1 minute", name="plain")
+    def plain(run: pgsched.Run) -> None: ...
+
+    spec = app.REGISTRY["plain"]
+    assert (spec.catch_up_window, spec.max_plans_per_tick, spec.schedule_delay, spec.allow_stale_reentry) == (
+        None, 100, "00:00:00", False)
+    row = spec.catalog_row()
+    assert {k: row[k] for k in ("catch_up_window", "max_plans_per_tick", "schedule_delay", "allow_stale_reentry")} \
+        == {"catch_up_window": None, "max_plans_per_tick": 100, "schedule_delay": "00:00:00",
+            "allow_stale_reentry": False}
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"catch_up_window": "2 hours", "max_plans_per_tick": 5, "schedule_delay": "90 seconds",
+      "allow_stale_reentry": True}, ("02:00:00", 5, "00:01:30", True)),
+    ({"catch_up_window": timedelta(days=1, minutes=30), "schedule_delay": timedelta(minutes=10)},
+     ("1 day 00:30:00", 100, "00:10:00", False)),
+    ({"catch_up_window": None, "schedule_delay": "365 days", "max_plans_per_tick": 2**31 - 1},
+     (None, 2**31 - 1, "365 days", False)),
+    ({"schedule_delay": "0 seconds", "max_plans_per_tick": 1}, (None, 1, "00:00:00", False)),
+    ({"catch_up_window": "1 second", "schedule_delay": timedelta(0)}, ("00:00:01", 100, "00:00:00", False)),
+    # the window counts from the time a plan becomes eligible, so it may be shorter than the delay
+    ({"catch_up_window": "1 minute", "schedule_delay": "1 hour"}, ("00:01:00", 100, "01:00:00", False)),
+])
+def test_lease_and_catch_up_settings_are_declared(kwargs: dict[str, Any], expected: tuple[Any, ...]) -> None:
+    @pgsched.job(cron="*/5 * * * *", name="declared", **kwargs)
+    def declared(run: pgsched.Run) -> None: ...
+
+    row = app.REGISTRY["declared"].catalog_row()
+    assert (row["catch_up_window"], row["max_plans_per_tick"], row["schedule_delay"],
+            row["allow_stale_reentry"]) == expected

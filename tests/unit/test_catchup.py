@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_none_runs_only_plans_on_time() -> None:
 
 
 def test_cron_schedules_catch_up_on_their_firings() -> None:
-    s = Schedule(interval=None, cron=parse_cron("*/15 * * * *"), tz=UTC)
+    s = Schedule(interval=None, cron=parse_cron("*/15 * * * *"), tz=ZoneInfo("UTC"))
     d = decide(s, Policy("latest"), plan=T0, horizon=T0 + timedelta(hours=1, minutes=5))
     assert d == Decision(T0 + timedelta(hours=1), 4, T0, T0 + timedelta(minutes=45))
 
