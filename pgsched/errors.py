@@ -25,3 +25,8 @@ class ClusterError(PgschedError):
 
 class DeployError(PgschedError):
     """The catalog refused the @pgsched.job declarations of an app (e.g. a name clash)."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's text, for one-line log messages."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

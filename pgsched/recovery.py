@@ -1,0 +1,130 @@
+"""Leases and runs nobody will finish.
+
+Each heartbeat renews this instance's leases; a run whose lease another scheduler
+took (we were paused or cut off) is stopped without recording an end. Runs of
+others found abandoned (pgsched._abandoned_runs) are taken over when their job
+allows stale reentry and a worker is idle here, or closed as crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from datetime import datetime, timedelta
+
+from pgsched.dispatch import Dispatch
+from pgsched.state import JobState, Outcome, RunEnd, after_crash, transition
+from pgsched.store import Abandoned, Finish
+
+log = logging.getLogger("pgsched.scheduler")
+
+# Why a run was found abandoned, by pgsched._abandoned_runs' cause.
+_ABANDONED = {
+    "stopped": "{holder} stopped before the run ended",
+    "gone": "{holder} lost its database session (process killed or connection lost) before the run ended",
+    "stale": "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off); the plan is not "
+             "run again: run_job() to retry it, or allow_stale_reentry for an idempotent job",
+    "session": "the session that called run_job ended before the run did",
+    "lost": "this scheduler lost track of the run (a claim or close lost with the connection)",
+}
+
+
+class Recovery(Dispatch):
+    # -- crashes found in the catalog -------------------------------------------------
+    def _held(self) -> list[tuple[int, int]]:
+        """(run, lease token) this process has in hand: running, or ended with the end not yet written."""
+        return [*((r.run_id, r.lease_token) for r in self.runs.values()),
+                *((f.run_id, f.lease_token) for f in self.pending if f.lease_token is not None)]
+
+    def _heartbeat(self, *, startup: bool) -> None:
+        """Renew our heartbeat and leases; give up runs whose lease we lost; handle others' abandoned runs."""
+        assert self.store is not None and self.instance_id is not None
+        lost, found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after,
+                                           timedelta(seconds=self.settings.heartbeat_interval), self._held())
+        self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
+        self._lose_runs(lost)
+        self._close_abandoned(self._take_over(found), startup=startup)
+
+    def _lose_runs(self, lost: list[int]) -> None:
+        """Runs whose lease is no longer ours (found stale and closed or taken over by another
+        scheduler while we were paused or cut off): stop them, and never write their end."""
+        for run_id in lost:
+            self.pending = [f for f in self.pending if f.run_id != run_id]
+            run = self.runs.pop(run_id, None)
+            if run is None:
+                log.warning("run %s: lease lost after the run ended; its end is not recorded here", run_id)
+                continue
+            log.warning("run %s of job %s: lease lost (another scheduler found it stale): killing its worker "
+                        "without recording an end", run_id, run.job.job_id)
+            worker = self.workers.get(run.worker_pid or -1)
+            if worker is not None and worker.run is run:
+                worker.run = None
+                worker.retiring = True
+                worker.signal_group(signal.SIGKILL)
+            self._terminate_backend(run)
+
+    @property
+    def _dead_after(self) -> timedelta:
+        return timedelta(seconds=self.settings.dead_after)
+
+    def _take_over(self, found: list[Abandoned]) -> list[Abandoned]:
+        """Run again, on our idle workers, the abandoned runs of allow_stale_reentry jobs; the rest are returned.
+
+        A reentrant run that finds no idle worker here is left to the next heartbeat (ours
+        or another instance's): taking it over is the point, closing it would lose the plan.
+        """
+        assert self.store is not None and self.instance_id is not None
+        reentry = [a for a in found if a.reentry and a.cause in ("stopped", "gone", "stale")]
+        if not reentry:
+            return found
+        idle = [w for w in self.workers.values() if w.idle] if not self.stopping else []
+        taking = reentry[:len(idle)]
+        for a in taking:
+            self._terminate_abandoned_backend(a)
+        claimed = self.store.take_over(self.instance_id, [(a.run_id, a.lease_token or 0) for a in taking],
+                                       [(w.pid, w.backend_pid or 0) for w in idle[:len(taking)]])
+        self._match_owners(claimed)
+        for c in claimed:
+            log.warning("run %s of job %s: taken over as a new attempt (allow_stale_reentry)", c.run_id, c.job_id)
+            worker = self.workers.get(c.worker_pid or -1)
+            if c.run is None or worker is None:
+                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} taken over")
+                self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
+                continue
+            self._launch_run(worker, c.run)
+        return [a for a in found if a not in reentry]
+
+    def _close_abandoned(self, found: list[Abandoned], *, startup: bool) -> None:
+        """Close runs whose scheduler or session is gone, or whose lease went stale, as crashes."""
+        assert self.store is not None
+        if not found:
+            return
+        now = self.clock.now()
+        finishes = [self._abandoned_finish(a, now, startup) for a in found]
+        self.store.finish(finishes)
+        self.dirty = True  # their jobs have new next starts; our own writes send us no NOTIFY
+
+    def _terminate_abandoned_backend(self, a: Abandoned) -> None:
+        # The backend may still be executing the run's query: an orphan nobody will ever read.
+        if a.orphan_pid:
+            log.warning("terminating orphan backend %s of run %s (job %s)", a.orphan_pid, a.run_id, a.job_id)
+            assert self.store is not None
+            self.store.terminate_run_backend(a.orphan_app)
+
+    def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
+        self._terminate_abandoned_backend(a)
+        why = _ABANDONED.get(a.cause, "the run's scheduler or session ended before the run did").format(
+            holder=a.holder, dead_after=self.settings.dead_after)
+        log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why)
+        if a.schedule is None:
+            end = RunEnd(Outcome.CRASH, None, JobState.DISABLED, a.problem or "invalid schedule")
+        else:
+            end = after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
+                              retry_period=a.retry_period, rng=self.rng, delay=a.schedule_delay)
+        transition(a.job_id, JobState.STARTING, end.next_state, f"run {a.run_id} abandoned: crash")
+        nxt = end.next_start
+        if nxt is not None and startup:
+            nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
+        return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=end.disable_reason or why,
+                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped)

@@ -1,0 +1,31 @@
+"""The scheduler's settings (command line, settings file, SIGHUP reload): names, defaults and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one `pgsched serve` behaves; all durations in seconds."""
+
+    dsn: str
+    max_workers: int = 8
+    shutdown_timeout: float = 30.0
+    crash_wait: float = 300.0  # after a scheduler start, a crashed job waits this long before running again
+    safety_interval: float = 30.0  # re-read the catalog at least this often, NOTIFY or not
+    # Every heartbeat_interval an instance renews its own heartbeat and its runs' leases, and
+    # looks for runs of others that nobody will finish: a dead instance's runs are found
+    # within about two intervals (its session is gone), a paused one's after dead_after
+    # (its leases went stale).
+    heartbeat_interval: float = 2.0
+    dead_after: float = 10.0
+    terminate_grace: float = 2.0  # between cancelling a run's query and killing it
+    reconnect_max: float = 10.0
+    standby_poll: float = 5.0
+    # Runs due within this many seconds are claimed early and their worker waits for the
+    # plan time, so the claim's latency does not become start lag.
+    claim_ahead: float = 0.02
+    # Modules with @pgsched.job handlers: imported by the workers; their jobs are claimed only here
+    # and on other instances that loaded them.
+    apps: tuple[str, ...] = ()
