@@ -31,8 +31,8 @@ def one(conn: Conn, query: str, *args: Any) -> Any:
 
 def runs_of(conn: Conn, job_id: int, outcome: str | None = None) -> int:
     if outcome is None:
-        return int(one(conn, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome NOT IN ('skipped', 'missed')",
-                       job_id))
+        return int(one(conn, "SELECT count(*) FROM pgsched.job_run "
+                             "WHERE job_id = %s AND outcome NOT IN ('skipped', 'missed')", job_id))
     return int(one(conn, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = %s", job_id, outcome))
 
 
