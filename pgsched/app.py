@@ -29,6 +29,8 @@ MAX_RESULT_BYTES = 8192
 NO_DELAY = timedelta(0)
 MAX_SCHEDULE_DELAY = timedelta(days=365)
 _MAX_INT4 = 2**31 - 1
+# scope_query's length limit, as add_job checks it (sql/api/10_jobs.sql); the deploy plans the query.
+MAX_SCOPE_QUERY = 10_000
 
 
 class JobDeclarationError(PgschedError):
@@ -103,6 +105,7 @@ class JobSpec:
     max_plans_per_tick: int
     schedule_delay: str
     allow_stale_reentry: bool
+    scope_query: str | None
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -113,6 +116,7 @@ class JobSpec:
             "catch_up": self.catch_up, "config": self.config, "scheduled": self.scheduled,
             "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
+            "scope_query": self.scope_query,
         }
 
 
@@ -198,11 +202,14 @@ def job(
     max_plans_per_tick: int = 100,
     schedule_delay: str | timedelta = NO_DELAY,
     allow_stale_reentry: bool = False,
+    scope_query: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
     The other settings are those of add_job. The job's name is the function's
     qualified name (module.function) unless `name=` is given; it must be stable.
+    With `scope_query=` (a SQL query returning keys) each plan runs once per key,
+    which the handler finds in `run.scope`; the deploy checks that the query plans.
     """
 
     def declare(func: F) -> F:
@@ -234,6 +241,13 @@ def job(
         if not isinstance(allow_stale_reentry, bool):
             raise JobDeclarationError(f"{fn}: allow_stale_reentry must be True or False, not {allow_stale_reentry!r}")
         delay = _delay(schedule_delay, fn)
+        if scope_query is not None and (not isinstance(scope_query, str) or not scope_query.strip()
+                                        or len(scope_query) > MAX_SCOPE_QUERY):
+            shown = scope_query[:80] if isinstance(scope_query, str) else scope_query
+            raise JobDeclarationError(
+                f"{fn}: scope_query must be one SQL query of at most {MAX_SCOPE_QUERY} characters returning the "
+                f"scope keys in its first column (such as 'SELECT region FROM regions'), or None for a job that "
+                f"is not scoped, not {shown!r}")
         window = _duration(catch_up_window, "catch_up_window", fn, allow_none=True)
         if initial_start is not None and initial_start.tzinfo is None:
             raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
@@ -257,7 +271,7 @@ def job(
             retry_period=_duration(retry_period, "retry_period", fn, allow_none=False) or "",
             catch_up=catch_up, config=config, scheduled=scheduled,
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
-            allow_stale_reentry=allow_stale_reentry,
+            allow_stale_reentry=allow_stale_reentry, scope_query=scope_query,
         )
         return func
 

@@ -193,7 +193,10 @@ def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], result: dict[st
             conn.execute(sql.SQL("SELECT {}").format(setters))
             conn.execute("SET TRANSACTION READ ONLY")
             _wait_for_start(msg)
-            rows = conn.execute(sql.SQL("SELECT s.* FROM ({}) AS s").format(sql.SQL(msg["scope_query"]))).fetchall()
+            # The extended protocol (binary=True) takes exactly one statement: a query that closes the
+            # parenthesis and appends '; COMMIT; ...' is refused instead of escaping the read-only transaction.
+            rows = conn.execute(sql.SQL("SELECT s.* FROM ({}) AS s").format(sql.SQL(msg["scope_query"])),
+                                binary=True).fetchall()
     except psycopg.Error as e:
         result.update(ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
                       message=f"scope_query: {e.diag.message_primary or e}"[:MAX_MESSAGE])

@@ -10,14 +10,17 @@
 
 -- This file is re-applied with CREATE OR REPLACE, which cannot change a function's
 -- arguments: a new argument list makes a second overload (and ambiguous calls).
--- So a signature that changed is dropped here first. These are the signatures
+-- So a signature that changed is dropped here first: those of the last release,
 -- before catch_up_window, max_plans_per_tick, schedule_delay and allow_stale_reentry
--- (migration 0004); public's wrappers of them go in 90_public.sql.
+-- (migration 0004), then those between that and scope_query (migration 0005), which
+-- were never released but a database may have been initialised with them (commit
+-- 8b9e5d9). public's wrappers of them go in 90_public.sql.
 DO $drop_old$
 DECLARE
     old_signature text;
 BEGIN
     FOREACH old_signature IN ARRAY ARRAY[
+        -- the last release
         'pgsched._check_settings(text, boolean, text, interval, integer, interval, text, text)',
         'pgsched._insert_job(text, regproc, text, text, jsonb, timestamptz, boolean, regproc, boolean, text, '
             || 'text, interval, integer, interval, text, boolean)',
@@ -28,7 +31,20 @@ BEGIN
         'pgsched._alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
-            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb)']
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb)',
+        -- unreleased: with the settings of migration 0004, without scope_query
+        'pgsched._check_settings(text, boolean, text, interval, integer, interval, text, text, interval, integer, '
+            || 'interval, boolean)',
+        'pgsched._insert_job(text, regproc, text, text, jsonb, timestamptz, boolean, regproc, boolean, text, '
+            || 'text, interval, integer, interval, text, boolean, interval, integer, interval, boolean)',
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean)',
+        'pgsched._alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -40,16 +56,28 @@ $drop_old$;
 
 -- The one place a job row is written from settings; add_job, schedule and
 -- alter_job all end here so the checks cannot drift apart.
+--
+-- scope_query NULL means there is nothing to check: the job is not scoped, or (alter_job,
+-- schedule, a deploy) its stored query is not being changed. A given query is planned
+-- here, as the caller, exactly as the scheduler will run it (pgsched/worker.py):
+-- SELECT s.* FROM (<query>) AS s. VOLATILE because EXPLAIN is a utility statement, which
+-- PostgreSQL refuses in a STABLE function. Not SECURITY DEFINER (nor is anything that
+-- calls it): the query is planned with the caller's rights, never the schema owner's.
 CREATE OR REPLACE FUNCTION pgsched._check_settings(
     schedule text, fixed_schedule boolean, timezone text, max_runtime interval, max_retries integer,
     retry_period interval, catch_up text, job_name text, catch_up_window interval, max_plans_per_tick integer,
-    schedule_delay interval, allow_stale_reentry boolean)
-RETURNS interval LANGUAGE plpgsql STABLE
+    schedule_delay interval, allow_stale_reentry boolean, scope_query text)
+RETURNS interval LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     iv interval;
     delay_form constant text := 'a duration from 0 up to 365 days without months or years, such as ''0'', '
         || '''90 seconds'' or ''2 hours''';
+    scope_form constant text := 'one query of at most 10000 characters returning the scope keys in its first '
+        || 'column, such as ''SELECT region FROM regions'' (no trailing semicolon: it runs as SELECT s.* FROM '
+        || '(<query>) AS s), or NULL for a job that is not scoped (in alter_job: NULL keeps the query, '''' '
+        || 'removes it)';
+    plan_line record;
 BEGIN
     IF fixed_schedule IS NULL THEN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
@@ -110,6 +138,43 @@ BEGIN
         PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(job_name)),
                                  'a name of at most 500 characters');
     END IF;
+    IF scope_query IS NOT NULL THEN
+        IF scope_query !~ '\S' THEN
+            PERFORM pgsched._bad_arg('scope_query', 'blank', scope_form);
+        ELSIF length(scope_query) > 10000 THEN
+            PERFORM pgsched._bad_arg('scope_query', format('%s characters long', length(scope_query)), scope_form);
+        END IF;
+        BEGIN
+            -- Plain EXPLAIN (no ANALYZE) parses, resolves names and types, checks privileges and
+            -- plans, and runs nothing. FOR ... IN EXECUTE opens a cursor, which takes exactly one
+            -- statement: a query that closes the parenthesis to append statements of its own
+            -- ('SELECT 1) AS s; DROP TABLE t; SELECT (1') is refused before any of it runs, where a
+            -- plain EXECUTE would run them all. Planning may still evaluate immutable functions;
+            -- so, like the scheduler's run, it is read-only, and whatever happened is rolled back
+            -- with this block's subtransaction (the raise of 'PSQ00' below), settings included.
+            -- The scheduler runs the query in a new session of the owner's: names resolve through
+            -- the session's default search_path (not this function's), and the run's settings
+            -- are there (pgsched/worker.py).
+            PERFORM pg_catalog.set_config('search_path', st.reset_val, true)
+               FROM pg_catalog.pg_settings st WHERE st.name = 'search_path';
+            PERFORM pg_catalog.set_config('pgsched.run_id', '0', true),
+                    pg_catalog.set_config('pgsched.plan_time', pg_catalog.now()::text, true),
+                    pg_catalog.set_config('pgsched.scope', '', true),
+                    pg_catalog.set_config('transaction_read_only', 'on', true);
+            FOR plan_line IN EXECUTE 'EXPLAIN SELECT s.* FROM (' || scope_query || ') AS s' LOOP
+            END LOOP;
+            RAISE EXCEPTION USING ERRCODE = 'PSQ00';
+        EXCEPTION
+            WHEN SQLSTATE 'PSQ00' THEN
+                NULL;  -- it plans
+            WHEN invalid_cursor_definition THEN
+                PERFORM pgsched._bad_arg('scope_query', 'more than one statement', scope_form);
+            WHEN syntax_error_or_access_rule_violation OR data_exception OR feature_not_supported
+                 OR invalid_schema_name OR read_only_sql_transaction OR cardinality_violation THEN
+                PERFORM pgsched._bad_arg('scope_query', format('it does not plan as SELECT s.* FROM (<query>) '
+                                                               || 'AS s: %s', SQLERRM), scope_form);
+        END;
+    END IF;
     RETURN iv;
 END
 $$;
@@ -118,7 +183,8 @@ CREATE OR REPLACE FUNCTION pgsched._insert_job(
     kind text, proc regproc, command text, schedule text, config jsonb, initial_start timestamptz,
     scheduled boolean, check_config regproc, fixed_schedule boolean, timezone text, job_name text,
     max_runtime interval, max_retries integer, retry_period interval, catch_up text, if_not_exists boolean,
-    catch_up_window interval, max_plans_per_tick integer, schedule_delay interval, allow_stale_reentry boolean)
+    catch_up_window interval, max_plans_per_tick integer, schedule_delay interval, allow_stale_reentry boolean,
+    scope_query text)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -132,7 +198,7 @@ BEGIN
     PERFORM pgsched._check_owner_can_login();
     iv := pgsched._check_settings(schedule, fixed_schedule, timezone, max_runtime, max_retries, retry_period,
                                   catch_up, job_name, catch_up_window, max_plans_per_tick, schedule_delay,
-                                  allow_stale_reentry);
+                                  allow_stale_reentry, scope_query);
     IF scheduled IS NULL THEN
         PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
     END IF;
@@ -165,11 +231,12 @@ BEGIN
     INSERT INTO pgsched.job (job_id, job_name, kind, proc_schema, proc_name, command, schedule, schedule_interval,
                              fixed_schedule, initial_start, timezone, config, check_schema, check_name, scheduled,
                              max_runtime, max_retries, retry_period, catch_up, catch_up_window,
-                             max_plans_per_tick, schedule_delay, allow_stale_reentry)
+                             max_plans_per_tick, schedule_delay, allow_stale_reentry, scope_query)
     VALUES (id, coalesce(job_name, format('%s [%s]', coalesce(t_name::text, 'command'), id)), kind,
             t_schema, t_name, command, btrim(schedule), iv, fixed_schedule, initial_start,
             timezone, config, c_schema, c_name, scheduled, max_runtime, max_retries, retry_period,
-            catch_up, catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry);
+            catch_up, catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry,
+            _insert_job.scope_query);
     -- next_start is when the first plan becomes eligible (see the top of this file).
     UPDATE pgsched.job_stat s
        SET next_start = pgsched._first_start(btrim(schedule), iv, fixed_schedule, initial_start, timezone)
@@ -197,13 +264,14 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     catch_up_window interval DEFAULT NULL,
     max_plans_per_tick integer DEFAULT 100,
     schedule_delay interval DEFAULT interval '0',
-    allow_stale_reentry boolean DEFAULT false)
+    allow_stale_reentry boolean DEFAULT false,
+    scope_query text DEFAULT NULL)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched._insert_job('proc', proc, NULL, schedule, config, initial_start, scheduled, check_config,
                                fixed_schedule, timezone, job_name, max_runtime, max_retries, retry_period,
                                catch_up, if_not_exists, catch_up_window, max_plans_per_tick, schedule_delay,
-                               allow_stale_reentry)
+                               allow_stale_reentry, scope_query)
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -226,7 +294,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     catch_up_window interval DEFAULT NULL,
     max_plans_per_tick integer DEFAULT 100,
     schedule_delay interval DEFAULT interval '0',
-    allow_stale_reentry boolean DEFAULT false)
+    allow_stale_reentry boolean DEFAULT false,
+    scope_query text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -234,7 +303,8 @@ BEGIN
     RETURN pgsched._insert_job('proc', proc, NULL, pgsched._interval_text(schedule_interval), config,
                                initial_start, scheduled, check_config, fixed_schedule, timezone, job_name,
                                max_runtime, max_retries, retry_period, catch_up, if_not_exists,
-                               catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry);
+                               catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry,
+                               scope_query);
 END
 $$;
 
@@ -267,7 +337,8 @@ CREATE OR REPLACE FUNCTION pgsched._alter_job(
     catch_up_window interval DEFAULT NULL,
     max_plans_per_tick integer DEFAULT NULL,
     schedule_delay interval DEFAULT NULL,
-    allow_stale_reentry boolean DEFAULT NULL)
+    allow_stale_reentry boolean DEFAULT NULL,
+    scope_query text DEFAULT NULL)
 RETURNS TABLE (r_job_id integer, r_schedule text, r_schedule_interval interval, r_max_runtime interval,
                r_max_retries integer, r_retry_period interval, r_scheduled boolean, r_config jsonb,
                r_next_start timestamptz, r_check_config text, r_fixed_schedule boolean,
@@ -315,6 +386,13 @@ BEGIN
     old_delay := j.schedule_delay;
     j.schedule_delay := coalesce(_alter_job.schedule_delay, j.schedule_delay);
     j.allow_stale_reentry := coalesce(_alter_job.allow_stale_reentry, j.allow_stale_reentry);
+    -- '' removes the scoping; NULL leaves the stored query as it is (and unchecked: only a
+    -- query given here is planned, so a job whose query broke can still be altered).
+    IF _alter_job.scope_query = '' THEN
+        j.scope_query := NULL;
+    ELSIF _alter_job.scope_query IS NOT NULL THEN
+        j.scope_query := _alter_job.scope_query;
+    END IF;
     j.job_name := coalesce(_alter_job.job_name, j.job_name);
     j.scheduled := coalesce(_alter_job.scheduled, j.scheduled);
     j.config := coalesce(_alter_job.config, j.config);
@@ -327,7 +405,7 @@ BEGIN
     END IF;
     iv := pgsched._check_settings(j.schedule, j.fixed_schedule, j.timezone, j.max_runtime, j.max_retries,
                                   j.retry_period, j.catch_up, j.job_name, j.catch_up_window, j.max_plans_per_tick,
-                                  j.schedule_delay, j.allow_stale_reentry);
+                                  j.schedule_delay, j.allow_stale_reentry, nullif(_alter_job.scope_query, ''));
     j.schedule_interval := iv;
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
@@ -350,7 +428,8 @@ BEGIN
         config = j.config, check_schema = j.check_schema, check_name = j.check_name, scheduled = j.scheduled,
         max_runtime = j.max_runtime, max_retries = j.max_retries, retry_period = j.retry_period,
         catch_up = j.catch_up, catch_up_window = j.catch_up_window, max_plans_per_tick = j.max_plans_per_tick,
-        schedule_delay = j.schedule_delay, allow_stale_reentry = j.allow_stale_reentry
+        schedule_delay = j.schedule_delay, allow_stale_reentry = j.allow_stale_reentry,
+        scope_query = j.scope_query
      WHERE job.job_id = j.job_id;
 
     -- next_start is when the next plan becomes eligible (see the top of this file); a
@@ -381,6 +460,9 @@ $$;
 
 -- TimescaleDB's alter_job returns columns named like its arguments, which
 -- PL/pgSQL cannot declare; a SQL shell keeps that signature.
+-- A setting passed as NULL (or left out) stays as it is. scope_query: a query makes the
+-- job scoped (or changes its query), checked like add_job's; '' (the empty string)
+-- removes the scoping, so that the job runs once per plan again.
 CREATE OR REPLACE FUNCTION pgsched.alter_job(
     job_id integer,
     schedule_interval interval DEFAULT NULL,
@@ -402,7 +484,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     catch_up_window interval DEFAULT NULL,
     max_plans_per_tick integer DEFAULT NULL,
     schedule_delay interval DEFAULT NULL,
-    allow_stale_reentry boolean DEFAULT NULL)
+    allow_stale_reentry boolean DEFAULT NULL,
+    scope_query text DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -410,7 +493,7 @@ RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_ru
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM pgsched._alter_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                                     $18, $19, $20, $21)
+                                     $18, $19, $20, $21, $22)
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)
@@ -448,17 +531,17 @@ BEGIN
     IF id IS NULL THEN
         RETURN pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL,
                                    job_name, NULL, -1, interval '5 minutes', 'latest', false,
-                                   NULL, 100, interval '0', false);
+                                   NULL, 100, interval '0', false, NULL);
     END IF;
     IF command IS NULL OR btrim(command) = '' THEN
         PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text',
                                  CASE WHEN command IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     -- The schedule becomes pg_cron's (fixed, no origin, UTC); the job's other settings,
-    -- which pg_cron does not have, stay as they are.
+    -- which pg_cron does not have, stay as they are (scope_query too: stored, not re-checked).
     iv := pgsched._check_settings(schedule, true, NULL, NULL, -1, interval '5 minutes', 'latest', job_name,
                                   cur.catch_up_window, cur.max_plans_per_tick, cur.schedule_delay,
-                                  cur.allow_stale_reentry);
+                                  cur.allow_stale_reentry, NULL);
     UPDATE pgsched.job j
        SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL,
            schedule = btrim(schedule.schedule), schedule_interval = iv, fixed_schedule = true,
@@ -477,7 +560,7 @@ RETURNS bigint LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL, NULL,
                                NULL, -1, interval '5 minutes', 'latest', false, NULL, 100, interval '0',
-                               false)::bigint
+                               false, NULL)::bigint
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.unschedule(job_name text)

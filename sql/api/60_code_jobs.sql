@@ -6,7 +6,9 @@
 -- (owner, job_name). A deploy writes every setting from the code, so a pause
 -- or change made with alter_job lasts until the next deploy. A code job of a
 -- deployed module that is no longer in the code is disabled with the reason
--- shown, never deleted (its history stays).
+-- shown, never deleted (its history stays). A scope_query is planned (checked as
+-- add_job checks it) when it is new or changed; an unchanged one is not re-checked, so
+-- one job whose query broke does not stop every other job's deploy.
 
 CREATE OR REPLACE FUNCTION pgsched._deploy_code_jobs(modules text[], specs jsonb)
 RETURNS TABLE (job_id integer, job_name text, action text)
@@ -20,33 +22,37 @@ DECLARE
     new_start timestamptz;
     schedule_changed boolean;
     delay interval;
+    is_new boolean;
 BEGIN
     -- Any fixed number: the lock only has to be the same for every deploy.
     PERFORM pg_catalog.pg_advisory_xact_lock(7401295311);
     FOR s IN SELECT value FROM jsonb_array_elements(specs) LOOP
         -- Settings a spec leaves out take add_job's defaults.
         s := jsonb_build_object('catch_up_window', NULL, 'max_plans_per_tick', 100, 'schedule_delay', '0',
-                                'allow_stale_reentry', false) || s;
+                                'allow_stale_reentry', false, 'scope_query', NULL) || s;
+        SELECT * INTO j FROM pgsched.job
+         WHERE job.owner = current_user::regrole AND job.job_name = s->>'job_name'
+           FOR UPDATE;
+        is_new := NOT FOUND;
         iv := pgsched._check_settings(s->>'schedule', (s->>'fixed_schedule')::boolean, s->>'timezone',
                                       (s->>'max_runtime')::interval, (s->>'max_retries')::integer,
                                       (s->>'retry_period')::interval, s->>'catch_up', s->>'job_name',
                                       (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer,
-                                      (s->>'schedule_delay')::interval, (s->>'allow_stale_reentry')::boolean);
+                                      (s->>'schedule_delay')::interval, (s->>'allow_stale_reentry')::boolean,
+                                      CASE WHEN is_new OR j.scope_query IS DISTINCT FROM s->>'scope_query'
+                                           THEN s->>'scope_query' END);
         delay := (s->>'schedule_delay')::interval;
-        SELECT * INTO j FROM pgsched.job
-         WHERE job.owner = current_user::regrole AND job.job_name = s->>'job_name'
-           FOR UPDATE;
-        IF NOT FOUND THEN
+        IF is_new THEN
             INSERT INTO pgsched.job (job_name, kind, code_module, code_function, schedule, fixed_schedule,
                                      initial_start, timezone, config, scheduled, max_runtime, max_retries,
                                      retry_period, catch_up, catch_up_window, max_plans_per_tick, schedule_delay,
-                                     allow_stale_reentry)
+                                     allow_stale_reentry, scope_query)
             VALUES (s->>'job_name', 'python', s->>'code_module', s->>'code_function', s->>'schedule',
                     (s->>'fixed_schedule')::boolean, (s->>'initial_start')::timestamptz, s->>'timezone',
                     nullif(s->'config', 'null'), (s->>'scheduled')::boolean, (s->>'max_runtime')::interval,
                     (s->>'max_retries')::integer, (s->>'retry_period')::interval, s->>'catch_up',
                     (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer, delay,
-                    (s->>'allow_stale_reentry')::boolean)
+                    (s->>'allow_stale_reentry')::boolean, s->>'scope_query')
             RETURNING job.job_id INTO id;
             -- next_start is when the first plan becomes eligible: its time + schedule_delay (10_jobs.sql).
             UPDATE pgsched.job_stat st
@@ -71,12 +77,12 @@ BEGIN
         IF schedule_changed
            OR (j.code_module, j.code_function, j.config, j.scheduled, j.max_runtime, j.max_retries,
                j.retry_period, j.catch_up, j.catch_up_window, j.max_plans_per_tick, j.schedule_delay,
-               j.allow_stale_reentry)
+               j.allow_stale_reentry, j.scope_query)
               IS DISTINCT FROM
               (s->>'code_module', s->>'code_function', nullif(s->'config', 'null'), (s->>'scheduled')::boolean,
                (s->>'max_runtime')::interval, (s->>'max_retries')::integer, (s->>'retry_period')::interval,
                s->>'catch_up', (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer, delay,
-               (s->>'allow_stale_reentry')::boolean)
+               (s->>'allow_stale_reentry')::boolean, s->>'scope_query')
         THEN
             UPDATE pgsched.job SET
                 code_module = s->>'code_module', code_function = s->>'code_function', schedule = s->>'schedule',
@@ -87,7 +93,7 @@ BEGIN
                 retry_period = (s->>'retry_period')::interval, catch_up = s->>'catch_up',
                 catch_up_window = (s->>'catch_up_window')::interval,
                 max_plans_per_tick = (s->>'max_plans_per_tick')::integer, schedule_delay = delay,
-                allow_stale_reentry = (s->>'allow_stale_reentry')::boolean
+                allow_stale_reentry = (s->>'allow_stale_reentry')::boolean, scope_query = s->>'scope_query'
              WHERE job.job_id = j.job_id;
             IF schedule_changed THEN
                 new_start := pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,

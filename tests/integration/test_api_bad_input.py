@@ -114,6 +114,34 @@ CASES: list[Bad] = [
         "catch_up_window"),
     Bad("typed NULL allow_stale_reentry", "SELECT add_job('ok_fn', interval '1 hour', allow_stale_reentry => NULL)",
         "22004", "allow_stale_reentry"),
+    # add_job: scope_query (migration 0005), planned as SELECT s.* FROM (<query>) AS s, never run
+    Bad("empty scope_query", "SELECT add_job('ok_fn', '5 minutes', scope_query => '')", "22023", "scope_query"),
+    Bad("blank scope_query", "SELECT add_job('ok_fn', '5 minutes', scope_query => E' \\n\\t ')", "22023",
+        "scope_query"),
+    Bad("scope_query too long", "SELECT add_job('ok_fn', '5 minutes', scope_query => "
+        "'SELECT ''' || repeat('x', 9992) || '''')", "22023", "scope_query"),
+    Bad("scope_query syntax error", "SELECT add_job('ok_fn', '5 minutes', scope_query => 'SELECT job_id FROM')",
+        "22023", "scope_query"),
+    Bad("scope_query unknown table", "SELECT add_job('ok_fn', '5 minutes', scope_query => 'SELECT k FROM nope')",
+        "22023", "scope_query"),
+    Bad("scope_query unknown column", "SELECT add_job('ok_fn', '5 minutes', scope_query => 'SELECT nope FROM ran')",
+        "22023", "scope_query"),
+    Bad("scope_query two statements", "SELECT add_job('ok_fn', '5 minutes', scope_query => "
+        "'SELECT 1; DROP TABLE ran')", "22023", "scope_query"),
+    Bad("scope_query escaping its parentheses", "SELECT add_job('ok_fn', '5 minutes', scope_query => "
+        "'SELECT 1) AS s; DROP TABLE ran; SELECT * FROM (SELECT 1')", "22023", "scope_query"),
+    Bad("scope_query trailing semicolon", "SELECT add_job('ok_fn', '5 minutes', scope_query => 'TABLE ran;')",
+        "22023", "scope_query"),
+    Bad("scope_query a command", "SELECT add_job('ok_fn', '5 minutes', scope_query => 'DELETE FROM ran')", "22023",
+        "scope_query"),
+    Bad("scope_query writing CTE", "SELECT add_job('ok_fn', '5 minutes', scope_query => "
+        "'WITH d AS (DELETE FROM ran RETURNING job_id) SELECT job_id FROM d')", "22023", "scope_query"),
+    Bad("typed scope_query unknown table", "SELECT add_job('ok_fn', interval '1 hour', scope_query => 'TABLE nope')",
+        "22023", "scope_query"),
+    Bad("typed blank scope_query", "SELECT pgsched.add_job('ok_fn', schedule_interval => '1 hour', "
+        "scope_query => ' ')", "22023", "scope_query"),
+    Bad("scope_query with a bad schedule", "SELECT add_job('ok_fn', '0 minutes', scope_query => 'TABLE ran')",
+        "22023", "schedule"),
     # alter_job
     Bad("alter missing job", "SELECT * FROM alter_job(999, max_retries => 1)", "42704", "999"),
     Bad("alter NULL job", "SELECT * FROM alter_job(NULL, max_retries => 1)", "22004", "job_id"),
@@ -159,6 +187,17 @@ CASES: list[Bad] = [
         "22023", "schedule_delay"),
     Bad("alter qualified negative max_plans_per_tick",
         "SELECT * FROM pgsched.alter_job(1000, max_plans_per_tick => -1)", "22023", "max_plans_per_tick"),
+    Bad("alter blank scope_query", "SELECT * FROM alter_job(1000, scope_query => '   ')", "22023", "scope_query"),
+    Bad("alter scope_query too long",
+        "SELECT * FROM alter_job(1000, scope_query => repeat(' ', 10001) || 'TABLE ran')", "22023", "scope_query"),
+    Bad("alter scope_query syntax error", "SELECT * FROM alter_job(1000, scope_query => 'SELECT 1 FROM')", "22023",
+        "scope_query"),
+    Bad("alter scope_query unknown table", "SELECT * FROM alter_job(1000, scope_query => 'SELECT k FROM nope')",
+        "22023", "scope_query"),
+    Bad("alter scope_query two statements", "SELECT * FROM pgsched.alter_job(1000, scope_query => "
+        "'SELECT 1; DELETE FROM ran')", "22023", "scope_query"),
+    Bad("alter scope_query with other changes", "SELECT * FROM alter_job(1000, max_retries => 3, "
+        "scope_query => 'SELECT nope FROM ran')", "22023", "scope_query"),
     # delete_job, run_job, schedule, unschedule
     Bad("delete missing job", "SELECT delete_job(999)", "42704", "999"),
     Bad("delete NULL job", "SELECT delete_job(NULL)", "22004", "job_id"),

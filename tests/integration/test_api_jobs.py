@@ -65,7 +65,8 @@ def test_add_job_all_named_arguments(api: Conn) -> None:
         initial_start => %s, scheduled => false, check_config => 'check_ok', fixed_schedule => false,
         timezone => 'Europe/Berlin', job_name => 'all named', max_runtime => '10 minutes', max_retries => 3,
         retry_period => '1 minute', catch_up => 'all', if_not_exists => false, catch_up_window => '2 hours',
-        max_plans_per_tick => 7, schedule_delay => '90 seconds', allow_stale_reentry => true""", (FUTURE,))
+        max_plans_per_tick => 7, schedule_delay => '90 seconds', allow_stale_reentry => true,
+        scope_query => 'SELECT job_id::text FROM ran'""", (FUTURE,))
     j = job(api, job_id)
     created = j.pop("created_at")
     assert created is not None
@@ -78,7 +79,7 @@ def test_add_job_all_named_arguments(api: Conn) -> None:
         "check_schema": "public", "check_name": "check_ok", "scheduled": False,
         "max_runtime": "00:10:00", "max_retries": 3, "retry_period": "00:01:00", "catch_up": "all",
         "next_start": "2100-01-01T00:01:30+00:00", "catch_up_window": "02:00:00", "max_plans_per_tick": 7,
-        "schedule_delay": "00:01:30", "allow_stale_reentry": True,
+        "schedule_delay": "00:01:30", "allow_stale_reentry": True, "scope_query": "SELECT job_id::text FROM ran",
     }
     s = stats(api, job_id)
     assert s["state"] == "disabled"
@@ -90,10 +91,10 @@ def test_add_job_defaults(api: Conn) -> None:
     j = job(api, job_id)
     assert {k: j[k] for k in ("job_name", "config", "initial_start", "scheduled", "check_name",
                               "fixed_schedule", "timezone", "max_runtime", "max_retries", "retry_period",
-                              "catch_up")} == {
+                              "catch_up", "scope_query")} == {
         "job_name": f"ok_fn [{job_id}]", "config": None, "initial_start": None, "scheduled": True,
         "check_name": None, "fixed_schedule": True, "timezone": None, "max_runtime": None, "max_retries": -1,
-        "retry_period": "00:05:00", "catch_up": "latest"}
+        "retry_period": "00:05:00", "catch_up": "latest", "scope_query": None}
     s = stats(api, job_id)
     assert (s["state"], s["total_runs"], s["last_start"], s["current_run_id"]) == ("scheduled", 0, None, None)
 

@@ -1,6 +1,8 @@
-"""The per-job settings of migration 0004 through the SQL API: catch_up_window, max_plans_per_tick,
-schedule_delay, allow_stale_reentry (add_job, alter_job, schedule, the views), schedule_delay's
-effect on next_start (the time a plan becomes eligible), and the upgrade of the API's signatures.
+"""The per-job settings of migrations 0004 and 0005 through the SQL API: catch_up_window,
+max_plans_per_tick, schedule_delay, allow_stale_reentry and scope_query (add_job, alter_job,
+schedule, the views), schedule_delay's effect on next_start (the time a plan becomes eligible),
+how a scope_query is checked (planned as the caller, never run), and the upgrade of the API's
+signatures. What the scheduler does with a scope_query is in test_scopes.py.
 
 Bad input for these settings is in test_api_bad_input.py, with every other argument's.
 """
@@ -39,7 +41,7 @@ def next_start(conn: Conn, job_id: int) -> datetime | None:
 
 # --- defaults ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("call", [
+DEFAULT_CALLS = [
     "SELECT add_job('ok_fn', '5 minutes')",
     "SELECT add_job('ok_fn', interval '5 minutes')",
     "SELECT add_job('ok_fn', schedule_interval => '5 minutes', job_name => 'tsdb')",
@@ -48,7 +50,10 @@ def next_start(conn: Conn, job_id: int) -> datetime | None:
     "'5 minutes', 'latest', false)",
     "SELECT schedule('named', '5 minutes', 'SELECT 1')",
     "SELECT schedule('5 minutes', 'SELECT 1')",
-])
+]
+
+
+@pytest.mark.parametrize("call", DEFAULT_CALLS)
 def test_defaults(api: Conn, call: str) -> None:
     job_id = scalar(api, call)
     assert settings(api, job_id) == DEFAULTS
@@ -310,6 +315,214 @@ def test_cron_first_start_plus_delay(api: Conn, pg_server: PgServer) -> None:
         assert next_start(api, job_id) is None
 
 
+# --- scope_query (migration 0005) ------------------------------------------------------------------
+
+REGIONS_SQL = """
+CREATE TABLE public.regions (name text);
+INSERT INTO public.regions VALUES ('eu'), ('us');
+"""
+WHOLE_QUERY = "SELECT name FROM regions"
+
+
+def scope_query(conn: Conn, job_id: int) -> Any:
+    return job(conn, job_id)["scope_query"]
+
+
+@pytest.fixture
+def regions(api: Conn) -> Conn:
+    api.execute(REGIONS_SQL)
+    return api
+
+
+@pytest.mark.parametrize("call", DEFAULT_CALLS)
+def test_scope_query_defaults_to_null(api: Conn, call: str) -> None:
+    job_id = scalar(api, call)
+    assert scope_query(api, job_id) is None
+    assert scalar(api, "SELECT scope_query FROM pgsched.job WHERE job_id = %s", (job_id,)) is None
+
+
+SCOPE_QUERIES = [
+    WHOLE_QUERY,
+    "SELECT name FROM public.regions WHERE name <> 'eu'",
+    "VALUES ('a'), ('b')",
+    "TABLE regions",
+    "SELECT g::text, 'second column' FROM generate_series(1, 3) AS g",
+    "-- a comment first\nSELECT name\n  FROM regions\n ORDER BY 1",
+    "SELECT name FROM regions WHERE name > current_setting('pgsched.plan_time')",  # the run's settings are set
+    "SELECT '" + "x" * 9991 + "'",  # 10000 characters: the limit
+]
+
+
+@pytest.mark.parametrize("schedule", ["'1 hour'", "interval '1 hour'"], ids=["text", "interval"])
+@pytest.mark.parametrize("query", SCOPE_QUERIES, ids=range(len(SCOPE_QUERIES)))
+def test_add_job_sets_scope_query(regions: Conn, schedule: str, query: str) -> None:
+    job_id = add_job(regions, f"'ok_fn', {schedule}, scope_query => %s", (query,))
+    assert scope_query(regions, job_id) == query
+    assert settings(regions, job_id) == DEFAULTS  # nothing else moves
+    assert len(query) <= 10_000
+
+
+def test_add_job_scope_query_unqualified_and_qualified_agree(regions: Conn) -> None:
+    a = scalar(regions, "SELECT add_job('ok_fn', '1 hour', job_name => 'a', scope_query => %s)", (WHOLE_QUERY,))
+    b = scalar(regions, "SELECT pgsched.add_job('ok_fn', interval '1 hour', job_name => 'b', scope_query => %s)",
+               (WHOLE_QUERY,))
+    assert scope_query(regions, a) == scope_query(regions, b) == WHOLE_QUERY
+
+
+def test_alter_job_sets_changes_keeps_and_clears_scope_query(regions: Conn, base: int) -> None:
+    def alter(argument: str, *params: Any) -> dict[str, Any]:
+        before, stat_before = job(regions, base), stats(regions, base)
+        regions.execute(f"SELECT * FROM alter_job(%s{argument})", (base, *params))
+        after = job(regions, base)
+        assert stats(regions, base) == stat_before  # next_start and the rest stay
+        return {k: v for k, v in after.items() if before[k] != v}
+
+    assert alter(", scope_query => %s", WHOLE_QUERY) == {"scope_query": WHOLE_QUERY}
+    assert alter(", scope_query => 'VALUES (''x'')'") == {"scope_query": "VALUES ('x')"}
+    # NULL or left out: unchanged
+    assert alter(", scope_query => NULL") == {}
+    assert alter(", max_retries => 2") == {"max_retries": 2}
+    # '' removes the scoping; again on a job that is not scoped changes nothing
+    assert alter(", scope_query => ''") == {"scope_query": None}
+    assert alter(", scope_query => ''") == {}
+    assert scalar(regions, "SELECT scope_query FROM pgsched.job WHERE job_id = %s", (base,)) is None
+
+
+def test_alter_job_does_not_recheck_a_stored_scope_query(regions: Conn, base: int) -> None:
+    # Only a query given to alter_job is planned: a job whose query broke since can still be
+    # paused or fixed (its plan runs fail with the reason, test_scopes.py).
+    regions.execute("SELECT * FROM alter_job(%s, scope_query => %s)", (base, WHOLE_QUERY))
+    regions.execute("DROP TABLE regions")
+    regions.execute("SELECT * FROM alter_job(%s, scheduled => false, max_retries => 3)", (base,))
+    assert (job(regions, base)["scheduled"], scope_query(regions, base)) == (False, WHOLE_QUERY)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        regions.execute("SELECT * FROM alter_job(%s, scope_query => %s)", (base, WHOLE_QUERY))
+    regions.execute("SELECT * FROM alter_job(%s, scope_query => 'VALUES (''eu'')')", (base,))
+    assert scope_query(regions, base) == "VALUES ('eu')"
+
+
+def test_schedule_makes_unscoped_jobs_and_keeps_a_scope_query(regions: Conn) -> None:
+    job_id = scalar(regions, "SELECT schedule('cleanup', '0 3 * * *', 'SELECT 1')")
+    assert scope_query(regions, job_id) is None
+    regions.execute("SELECT * FROM alter_job(%s, scope_query => %s)", (job_id, WHOLE_QUERY))
+    regions.execute("DROP TABLE regions")  # stored, not re-checked by schedule() either
+    assert scalar(regions, "SELECT schedule('cleanup', '10 minutes', 'SELECT 2')") == job_id
+    assert (job(regions, job_id)["command"], scope_query(regions, job_id)) == ("SELECT 2", WHOLE_QUERY)
+
+
+def test_views_show_scope_query_as_their_last_column(regions: Conn) -> None:
+    job_id = add_job(regions, "'ok_fn', '1 hour', scope_query => %s", (WHOLE_QUERY,))
+    for view in ("pgsched.jobs", "public.jobs"):
+        assert scalar(regions, f"SELECT scope_query FROM {view} WHERE job_id = %s", (job_id,)) == WHOLE_QUERY
+        # appended: a view's existing columns cannot move on upgrade
+        assert scalar(regions, "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                               "ORDER BY attnum DESC LIMIT 1", (view,)) == "scope_query"
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT 1; DROP TABLE victim",
+    "SELECT 1 AS k; DROP TABLE victim; SELECT 1",
+    # a query that closes the parenthesis it is wrapped in, to append statements of its own
+    "SELECT 1) AS s; DROP TABLE victim; SELECT * FROM (SELECT 1",
+    "SELECT 1) AS s; COMMIT; DROP TABLE victim; SELECT * FROM (SELECT 1",
+    "DROP TABLE victim",
+    "WITH gone AS (DELETE FROM victim RETURNING k) SELECT k FROM gone",
+    "SELECT k FROM victim FOR UPDATE) AS s; TRUNCATE victim; SELECT * FROM (SELECT 1",
+])
+def test_a_scope_query_is_planned_never_run(api: Conn, query: str) -> None:
+    api.execute("CREATE TABLE victim (k text); INSERT INTO victim VALUES ('kept')")
+    with pytest.raises(psycopg.Error) as e:
+        add_job(api, "'ok_fn', '1 hour', scope_query => %s", (query,))
+    assert e.value.sqlstate == "22023"
+    assert (e.value.diag.message_primary or "").startswith("invalid scope_query: ")
+    assert scalar(api, "SELECT string_agg(k, ',') FROM victim") == "kept"  # still there, untouched
+    assert scalar(api, "SELECT count(*) FROM pgsched.job") == 0
+
+
+def test_planning_a_scope_query_is_read_only_and_rolled_back(api: Conn) -> None:
+    # Planning folds immutable functions, and an (ill-declared) immutable function may call one
+    # that writes: the check is read-only, as the scheduler's run is.
+    api.execute("""CREATE TABLE written (n int);
+        CREATE FUNCTION public.writes() RETURNS text LANGUAGE sql VOLATILE
+            AS $$ INSERT INTO written VALUES (1) RETURNING 'w' $$;
+        CREATE FUNCTION public.folded() RETURNS text LANGUAGE plpgsql IMMUTABLE
+            AS $$ BEGIN RETURN public.writes(); END $$""")
+    with pytest.raises(psycopg.Error) as e:
+        add_job(api, "'ok_fn', '1 hour', scope_query => 'SELECT public.folded()'")
+    assert (e.value.sqlstate, "read-only" in (e.value.diag.message_primary or "")) == ("22023", True)
+    # a volatile function is not evaluated by the planner: accepted, and nothing ran
+    job_id = add_job(api, "'ok_fn', '1 hour', scope_query => 'SELECT public.writes()'")
+    assert scope_query(api, job_id) == "SELECT public.writes()"
+    assert scalar(api, "SELECT count(*) FROM written") == 0
+    # the session is as it was: read-write, its own search_path, no settings left behind
+    assert scalar(api, "SHOW transaction_read_only") == "off"
+    api.execute("INSERT INTO written VALUES (2)")
+
+
+@pytest.mark.parametrize(("query", "planner_says"), [
+    ("SELEKT name FROM regions", "syntax error at or near"),
+    ("SELECT name FROM regions;", 'syntax error at or near ";"'),
+    ("SELECT name FROM regions -- the end", "syntax error"),  # the comment hides the closing parenthesis
+    ("SELECT name FROM no_such_table", 'relation "no_such_table" does not exist'),
+    ("SELECT no_such_column FROM regions", 'column "no_such_column" does not exist'),
+    ("SELECT no_such_function(name) FROM regions", "function no_such_function(text) does not exist"),
+    ("SELECT $1", "there is no parameter $1"),
+    ("SELECT 1 / 0", "division by zero"),
+])
+def test_a_scope_query_that_does_not_plan_is_refused_with_the_planners_reason(
+        regions: Conn, base: int, query: str, planner_says: str) -> None:
+    for call, args in [("SELECT add_job('ok_fn', '1 hour', scope_query => %s)", (query,)),
+                       ("SELECT * FROM alter_job(%s, scope_query => %s)", (base, query))]:
+        before = job(regions, base)
+        with pytest.raises(psycopg.Error) as e:
+            regions.execute(call, args)
+        message = e.value.diag.message_primary or ""
+        assert (e.value.sqlstate, message.startswith("invalid scope_query: "), planner_says in message) == \
+            ("22023", True, True), message
+        assert "scope_query must be one query" in (e.value.diag.message_hint or "")
+        assert job(regions, base) == before
+        assert scalar(regions, "SELECT count(*) FROM pgsched.job") == 1
+
+
+def test_a_scope_query_resolves_names_as_the_scheduler_will(regions: Conn) -> None:
+    # The scheduler runs it in a new session of the owner's, with the default search_path,
+    # not the one this session set for itself.
+    regions.execute("CREATE SCHEMA elsewhere; CREATE TABLE elsewhere.only_here (k text)")
+    regions.execute("SET search_path = elsewhere, public")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+        add_job(regions, "'ok_fn', '1 hour', scope_query => 'SELECT k FROM only_here'")
+    assert 'relation "only_here" does not exist' in (e.value.diag.message_primary or "")
+    assert add_job(regions, "'ok_fn', '1 hour', scope_query => 'SELECT k FROM elsewhere.only_here'") > 0
+    regions.execute("SET search_path = pg_catalog")
+    assert add_job(regions, "'public.ok_fn', '1 hour', scope_query => 'SELECT name FROM regions'") > 0
+    assert scalar(regions, "SHOW search_path") == "pg_catalog"
+
+
+CHECKING_FUNCTIONS = ("_check_settings", "_insert_job", "add_job", "_alter_job", "alter_job", "schedule",
+                      "_deploy_code_jobs")
+
+
+def test_the_scope_query_is_planned_with_the_callers_rights(pg_server: PgServer) -> None:
+    """Roles as deployed (test_security.py): a table the scheduler's role (which owns the
+    functions) may read but alice may not is refused to alice."""
+    with owner_database(pg_server) as odb, odb.connect() as admin, odb.connect(odb.alice) as alice:
+        assert scalar(admin, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgsched'::regnamespace "
+                             "AND proname = ANY (%s) AND prosecdef", (list(CHECKING_FUNCTIONS),)) == 0
+        admin.execute("CREATE TABLE public.secret_keys (k text); CREATE TABLE public.open_keys (k text)")
+        admin.execute(f'GRANT SELECT ON public.secret_keys TO "{odb.scheduler}"')
+        admin.execute("GRANT SELECT ON public.open_keys TO PUBLIC")
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+            alice.execute("SELECT add_job('public.job_ok', '1 hour', scope_query => 'SELECT k FROM secret_keys')")
+        assert "permission denied for table secret_keys" in (e.value.diag.message_primary or "")
+        mine = scalar(alice, "SELECT add_job('public.job_ok', '1 hour', scope_query => 'SELECT k FROM open_keys')")
+        assert rows(alice, "SELECT job_id, scope_query FROM jobs") == [
+            {"job_id": mine, "scope_query": "SELECT k FROM open_keys"}]
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            alice.execute("SELECT * FROM alter_job(%s, scope_query => 'SELECT k FROM secret_keys')", (mine,))
+        alice.execute("SELECT * FROM alter_job(%s, scope_query => '')", (mine,))
+        assert scalar(alice, "SELECT scope_query FROM jobs") is None
+
+
 # --- upgrade from the API before these settings ------------------------------------------------------
 
 # The previous API's signatures (before migration 0004's settings), with their defaults, as a
@@ -364,6 +577,24 @@ LANGUAGE sql AS $$ SELECT NULL::integer, NULL::text, NULL::interval, NULL::inter
     NULL::interval, NULL::boolean, NULL::jsonb, NULL::timestamptz, NULL::text, NULL::boolean, NULL::timestamptz,
     NULL::text WHERE false $$;
 """
+# Commit 8b9e5d9's signatures: with migration 0004's settings, without scope_query. Never
+# released, but a database initialised from that commit has them.
+UNRELEASED_SETTINGS = ("catch_up_window interval DEFAULT NULL, max_plans_per_tick integer DEFAULT 100, "
+                       "schedule_delay interval DEFAULT interval '0', allow_stale_reentry boolean DEFAULT false")
+UNRELEASED_ALTER = ("catch_up_window interval DEFAULT NULL, max_plans_per_tick integer DEFAULT NULL, "
+                    "schedule_delay interval DEFAULT NULL, allow_stale_reentry boolean DEFAULT NULL")
+UNRELEASED_API = (
+    PREVIOUS_API
+    .replace("catch_up text, job_name text)",
+             "catch_up text, job_name text, catch_up_window interval, max_plans_per_tick integer, "
+             "schedule_delay interval, allow_stale_reentry boolean)")
+    .replace("catch_up text,\n    if_not_exists boolean)",
+             "catch_up text,\n    if_not_exists boolean, catch_up_window interval, max_plans_per_tick integer, "
+             "schedule_delay interval, allow_stale_reentry boolean)")
+    .replace("if_not_exists boolean DEFAULT false)", f"if_not_exists boolean DEFAULT false, {UNRELEASED_SETTINGS})")
+    .replace("config_merge jsonb DEFAULT NULL)", f"config_merge jsonb DEFAULT NULL, {UNRELEASED_ALTER})")
+)
+assert UNRELEASED_API.count("allow_stale_reentry") == 6
 CHANGED = ("_check_settings", "_insert_job", "add_job", "_alter_job", "alter_job")
 PUBLIC_SQL = Path(migrate.__file__).resolve().parent.parent / "sql" / "api" / "90_public.sql"
 
@@ -374,7 +605,8 @@ def overloads(conn: Conn, schema: str) -> dict[str, int]:
               "AND proname = ANY (%s) GROUP BY proname", (schema, list(CHANGED)))}
 
 
-def test_upgrade_replaces_the_previous_signatures(empty_db: str) -> None:
+@pytest.mark.parametrize("previous", [PREVIOUS_API, UNRELEASED_API], ids=["last-release", "unreleased-8b9e5d9"])
+def test_upgrade_replaces_the_previous_signatures(empty_db: str, previous: str) -> None:
     with psycopg.connect(empty_db, autocommit=True) as c:
         migrate.init(c)
         # Put the database back in the state the previous API left: its signatures, not ours.
@@ -383,7 +615,7 @@ def test_upgrade_replaces_the_previous_signatures(empty_db: str) -> None:
                 for (sig,) in c.execute("SELECT oid::regprocedure::text FROM pg_proc "
                                         "WHERE pronamespace = 'pgsched'::regnamespace AND proname = %s", (name,)):
                     c.execute(f"DROP FUNCTION {sig}")
-            c.execute(PREVIOUS_API)
+            c.execute(previous)
             c.execute(PUBLIC_SQL.read_text())
         c.execute(SETUP_SQL)
         assert overloads(c, "pgsched") == {"_check_settings": 1, "_insert_job": 1, "add_job": 2, "_alter_job": 1,
@@ -397,15 +629,18 @@ def test_upgrade_replaces_the_previous_signatures(empty_db: str) -> None:
         assert overloads(c, "pgsched") == {"_check_settings": 1, "_insert_job": 1, "add_job": 2, "_alter_job": 1,
                                            "alter_job": 1}
         assert overloads(c, "public") == {"add_job": 2, "alter_job": 1}
-        assert scalar(c, "SELECT pronargs FROM pg_proc WHERE oid = 'pgsched.alter_job'::regproc") == 21
+        assert scalar(c, "SELECT pronargs FROM pg_proc WHERE oid = 'pgsched.alter_job'::regproc") == 22
         # unqualified and qualified calls resolve to the new functions, old-style calls included
         a = scalar(c, "SELECT add_job('ok_fn', '5 minutes')")
-        b = scalar(c, "SELECT add_job('ok_fn', interval '1 hour', schedule_delay => '1 minute')")
+        b = scalar(c, "SELECT add_job('ok_fn', interval '1 hour', schedule_delay => '1 minute', "
+                      "scope_query => 'SELECT job_id FROM ran')")
         d = scalar(c, "SELECT pgsched.add_job('ok_fn', '1 hour', NULL, NULL, true, NULL, true, NULL, 'pos')")
         assert (a, b, d) == (1000, 1001, 1002)
         c.execute("SELECT * FROM alter_job(%s, max_plans_per_tick => 5, max_retries => 1)", (a,))
         assert (job(c, a)["max_plans_per_tick"], job(c, a)["max_retries"]) == (5, 1)
-        assert job(c, b)["schedule_delay"] == "00:01:00"
+        assert (job(c, b)["schedule_delay"], job(c, b)["scope_query"]) == ("00:01:00", "SELECT job_id FROM ran")
+        c.execute("SELECT * FROM alter_job(%s, scope_query => '')", (b,))
+        assert job(c, b)["scope_query"] is None
         # and the grants follow the new signatures (a role that is not the owner may call them)
         assert scalar(c, "SELECT bool_and(has_function_privilege('public', oid, 'EXECUTE')) FROM pg_proc "
                          "WHERE pronamespace = 'pgsched'::regnamespace AND proname = ANY (%s)",

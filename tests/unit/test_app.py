@@ -94,6 +94,11 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "allow_stale_reentry": "yes"}, "allow_stale_reentry must be True or False"),
     ({"every": "1 minute", "allow_stale_reentry": 1}, "allow_stale_reentry must be True or False"),
     ({"every": "1 minute", "allow_stale_reentry": None}, "allow_stale_reentry"),
+    ({"every": "1 minute", "scope_query": ""}, "scope_query must be one SQL query"),
+    ({"every": "1 minute", "scope_query": " \n\t"}, "scope_query must be one SQL query"),
+    ({"every": "1 minute", "scope_query": "x" * 10_001}, "at most 10000 characters"),
+    ({"every": "1 minute", "scope_query": b"SELECT 1"}, "scope_query must be one SQL query"),
+    ({"every": "1 minute", "scope_query": ["SELECT 1"]}, "or None for a job that is not scoped"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
@@ -152,3 +157,21 @@ def test_lease_and_catch_up_settings_are_declared(kwargs: dict[str, Any], expect
     row = app.REGISTRY["declared"].catalog_row()
     assert (row["catch_up_window"], row["max_plans_per_tick"], row["schedule_delay"],
             row["allow_stale_reentry"]) == expected
+
+
+def test_scope_query_defaults_to_none() -> None:
+    @pgsched.job(every="1 minute", name="plain")
+    def plain(run: pgsched.Run) -> None: ...
+
+    assert app.REGISTRY["plain"].scope_query is None
+    assert app.REGISTRY["plain"].catalog_row()["scope_query"] is None
+
+
+@pytest.mark.parametrize("query", ["SELECT region FROM regions", "VALUES ('a'), ('b')",
+                                   "-- keys\nSELECT k\n  FROM t", "SELECT '" + "x" * 9991 + "'"])
+def test_scope_query_is_declared_as_written(query: str) -> None:
+    @pgsched.job(every="1 minute", name="scoped", scope_query=query)
+    def scoped(run: pgsched.Run) -> None: ...
+
+    # stored as written: the deploy plans it, as add_job does (the database knows the tables)
+    assert app.REGISTRY["scoped"].catalog_row()["scope_query"] == query
