@@ -21,8 +21,8 @@ class Clock(Protocol):
         """Current database time (aware, UTC)."""
         ...
 
-    def anchor(self, db_now: datetime) -> None:
-        """Re-anchor on a time the database just reported."""
+    def anchor(self, db_now: datetime, rtt: float = 0.0) -> None:
+        """Re-anchor on a time the database reported during a round trip of `rtt` seconds."""
         ...
 
 
@@ -36,6 +36,12 @@ class DbClock:
     def now(self) -> datetime:
         return self._db + timedelta(seconds=time.monotonic() - self._mono)
 
-    def anchor(self, db_now: datetime) -> None:
-        self._db = db_now.astimezone(UTC)
+    def anchor(self, db_now: datetime, rtt: float = 0.0) -> None:
+        """The server read db_now at some instant of the round trip that just ended, so the time now
+        lies between db_now and db_now + rtt: keep the running estimate if it is inside, else move
+        it to the nearest end. A reply read late (the process was paused, or the round trip was
+        slow) therefore cannot set the clock back by the delay."""
+        lo = db_now.astimezone(UTC)
+        hi = lo + timedelta(seconds=max(rtt, 0.0))
+        self._db = min(max(self.now(), lo), hi)
         self._mono = time.monotonic()

@@ -39,11 +39,12 @@ class Dispatch(LoopState):
         # Runs that just ended are closed in the same round trip as the claim.
         batch, self.pending = self.pending, []
         try:
-            claimed, next_due = self.store.claim(
+            claimed, next_due, refused = self.store.claim(
                 self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch)
         except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; closing is idempotent
             raise
+        self._log_refused(batch, refused)
         if batch:
             crashpoint("after_mark_end")
         crashpoint("after_mark_start")
@@ -304,11 +305,21 @@ class Dispatch(LoopState):
             return
         batch, self.pending = self.pending, []
         try:
-            self.store.finish(batch)
+            closed = self.store.finish(batch)
         except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; _mark_end is idempotent
             raise
+        self._log_refused(batch, [f.run_id for f, ok in zip(batch, closed, strict=True) if not ok])
         crashpoint("after_mark_end")
+
+    def _log_refused(self, batch: list[Finish], refused: list[int]) -> None:
+        """A close refused by the database: someone else closed the run, typically because our lease
+        went stale while we were paused and another scheduler took the run (fencing)."""
+        for f in batch:
+            if f.run_id in refused and f.lease_token is not None:
+                log.warning("run %s: end (%s) not recorded: lease lost (another scheduler closed or took over "
+                            "the run while this one was paused or cut off), or it was closed already",
+                            f.run_id, f.outcome)
 
     def _enforce_deadlines(self) -> None:
         now = self.clock.now()

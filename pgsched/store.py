@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -151,10 +152,16 @@ class Store:
         # Every call below is one autocommit statement, i.e. one transaction: counted
         # so that the scheduler can report its transactions per run.
         self.statements = 0
+        self._sent = time.monotonic()  # when the statement last sent went out (see _anchor)
 
     def _execute(self, query: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[dict[str, Any]]:
         self.statements += 1
+        self._sent = time.monotonic()
         return self.conn.execute(query, params)
+
+    def _anchor(self, db_now: datetime) -> None:
+        """Anchor the clock on a database time read by the statement last sent (see DbClock.anchor)."""
+        self.clock.anchor(db_now, time.monotonic() - self._sent)
 
     def listen(self) -> None:
         self.conn.execute(f"LISTEN {CHANNEL}")
@@ -180,7 +187,7 @@ class Store:
             "SELECT * FROM pgsched._register_instance(%s, %s, %s, %s)", (host, pid, version, max_workers)
         ).fetchone()
         assert row is not None
-        self.clock.anchor(row["db_now"])
+        self._anchor(row["db_now"])
         return int(row["instance_id"])
 
     def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta, grace: timedelta,
@@ -196,7 +203,7 @@ class Store:
             (instance_id, max_workers, dead_after, grace, [r for r, _ in held], [t for _, t in held]),
         ).fetchall()
         if rows and rows[0]["db_now"]:
-            self.clock.anchor(rows[0]["db_now"])
+            self._anchor(rows[0]["db_now"])
         lost = [int(r["run_id"]) for r in rows if r["lost"]]
         return lost, [_abandoned_from_row(r) for r in rows if r["lost"] is False]
 
@@ -233,7 +240,7 @@ class Store:
     def next_due(self) -> tuple[datetime | None, bool]:
         row = self._execute("SELECT * FROM pgsched._next_due(%s)", (self.code_modules,)).fetchone()
         assert row is not None
-        self.clock.anchor(row["db_now"])
+        self._anchor(row["db_now"])
         return row["next_due"], bool(row["unplanned"])
 
     def unplanned(self, limit: int = 1000) -> list[tuple[int, Schedule | None, str | None]]:
@@ -257,27 +264,33 @@ class Store:
 
     # -- runs -------------------------------------------------------------
     def claim(self, instance_id: int, workers: Sequence[tuple[int, int]], ahead: timedelta = timedelta(0),
-              finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None]:
+              finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None, list[int]]:
         """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
 
         Runs in `finishing` are closed first, in the same round trip (a pipeline: the close
         and the claim stay two transactions, in that order). Also returns when the next
-        unclaimed job is due (None when nothing was claimed: the caller must ask next_due()).
+        unclaimed job is due (None when nothing was claimed: the caller must ask next_due()),
+        and the runs of `finishing` whose close was refused (already closed, or the lease is lost).
         """
         if not workers:
-            self.finish(finishing)
-            return [], None
+            ok = self.finish(finishing)
+            return [], None, [f.run_id for f, done in zip(finishing, ok, strict=True) if not done]
+        sent = time.monotonic()
+        fin = None
         with self.conn.pipeline():
             if finishing:
-                self._finish_cursor(finishing)
+                fin = self._finish_cursor(finishing)
             cur = self._execute(
                 "SELECT * FROM pgsched._claim(%s, %s, %s, %s, %s)",
                 (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
             )
         rows = cur.fetchall()
+        self._sent = sent  # the round trip began with the pipeline, not with its last statement
         if rows:
-            self.clock.anchor(rows[-1]["db_now"])
-        return [_claimed_from_row(r) for r in rows], (rows[0]["next_due"] if rows else None)
+            self._anchor(rows[-1]["db_now"])
+        closed = {int(r["id"]) for r in fin.fetchall()} if fin is not None else set()
+        refused = [f.run_id for f in finishing if f.run_id not in closed]
+        return [_claimed_from_row(r) for r in rows], (rows[0]["next_due"] if rows else None), refused
 
     def take_over(self, instance_id: int, runs: Sequence[tuple[int, int]],
                   workers: Sequence[tuple[int, int]]) -> list[Claimed]:
@@ -295,7 +308,7 @@ class Store:
         """Jobs whose next plan is more than `late` overdue (pgsched._behind)."""
         out = []
         for row in self._execute("SELECT * FROM pgsched._behind(%s, %s)", (late, limit)):
-            self.clock.anchor(row["db_now"])
+            self._anchor(row["db_now"])
             try:
                 sched: Schedule | None = schedule_from_row(row)
             except (schedule.ScheduleError, ValueError, OverflowError):
