@@ -121,6 +121,14 @@ class Session:
         conn.prepare_threshold = None
         return conn
 
+    def reconnect(self) -> None:
+        """A new connection as the current role, after the server closed ours (psycopg.Error if it cannot)."""
+        new = self._connect(None if self.role == self.default_role else self.role)
+        row = new.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        old, self.conn, self.backend_pid = self.conn, new, row[0]
+        old.close()
+
     def become(self, role: str) -> None:
         """Reconnect as `role` (psycopg.Error if it cannot log in; the old session is then kept)."""
         if role == self.role:
@@ -244,6 +252,15 @@ def main() -> int:
     _emit(out, {"event": "ready", "pid": os.getpid(), "backend_pid": session.backend_pid, "role": session.role})
     for line in _requests(session):
         msg = json.loads(line)
+        if not _idle_session_alive(session.conn):
+            # The server closed the idle session just as this run was handed over (a restart):
+            # nothing of the run has happened yet, so a new session can run it.
+            try:
+                session.reconnect()
+            except psycopg.Error:
+                return EXIT_LOST
+            _emit(out, {"event": "backend", "run_id": msg["run_id"], "backend_pid": session.backend_pid,
+                        "role": session.role})
         owner = msg.get("owner")
         if not owner:
             # Never fall back to the scheduler's own role.
@@ -287,10 +304,11 @@ def _requests(session: Session) -> Iterator[bytes]:
     while True:
         while b"\n" not in buf:
             conn = session.conn  # the session may have reconnected as another owner
-            sock = conn.fileno()
-            ready, _, _ = select.select([stdin, sock], [], [])
-            if sock in ready and not _still_connected(conn):
+            watch = [stdin] if conn.closed else [stdin, conn.fileno()]
+            ready, _, _ = select.select(watch, [], [])
+            if watch[-1] in ready and watch[-1] != stdin and not _still_connected(conn) and stdin not in ready:
                 return
+            # With a run waiting on stdin, the loop in main() reconnects and runs it.
             if stdin in ready:
                 chunk = os.read(stdin, 65536)
                 if not chunk:
@@ -301,8 +319,18 @@ def _requests(session: Session) -> Iterator[bytes]:
             yield line
 
 
+def _idle_session_alive(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle session is still there, without blocking: only what the server already sent is read."""
+    if conn.closed:
+        return False
+    ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    return not ready or _still_connected(conn)
+
+
 def _still_connected(conn: psycopg.Connection[Any]) -> bool:
     """Read what the server sent an idle session; False if it closed the connection."""
+    if conn.closed:
+        return False
     try:
         conn.pgconn.consume_input()
     except psycopg.OperationalError:

@@ -1,0 +1,57 @@
+"""The worker process on its own (pgsched.launcher + pgsched.worker), against a real database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import psycopg
+
+from pgsched import launcher
+from pgsched.launcher import Worker
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def events(w: Worker, want: str, timeout: float = 10.0) -> list[dict[str, object]]:
+    """Read the worker's reports until one of kind `want` arrives; all of them, in order."""
+    seen: list[dict[str, object]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = w.read()
+        seen += w.events
+        w.events.clear()
+        if any(e.get("event") == want for e in seen):
+            return seen
+        assert alive, f"the worker exited ({launcher.reap(w, timeout=1)}) before '{want}': {seen}"
+        time.sleep(0.01)
+    raise AssertionError(f"no '{want}' from the worker within {timeout}s: {seen}")
+
+
+def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: str, conn: Conn) -> None:
+    """A server restart closes an idle worker's session just as the scheduler gives it a run:
+    nothing of the run has happened, so the worker reconnects and runs it (no crash)."""
+    conn.execute("CREATE TABLE ran (x int)")
+    w = launcher.launch(db)
+    try:
+        ready = events(w, "ready")
+        old_backend = int(str(ready[-1]["backend_pid"]))
+        role = str(ready[-1]["role"])
+        os.kill(w.pid, signal.SIGSTOP)  # so that the lost session and the run arrive together
+        conn.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
+        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
+                "config": None, "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
+                "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
+        time.sleep(0.2)
+        os.kill(w.pid, signal.SIGCONT)
+        seen = events(w, "done")
+        backend = [e for e in seen if e.get("event") == "backend"]
+        assert backend and backend[0]["backend_pid"] != old_backend, seen
+        done = next(e for e in seen if e.get("event") == "done")
+        assert done["ok"] is True, done
+        assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
