@@ -93,6 +93,7 @@ def launch(dsn: str, apps: tuple[str, ...] = ()) -> Worker:
     """Start one worker process; it reports 'ready' once connected (and its app modules imported)."""
     env = dict(os.environ)
     env["PGSCHED_WORKER_DSN"] = dsn
+    env["PGSCHED_PARENT_PID"] = str(os.getpid())
     env["PGSCHED_APP_MODULES"] = ",".join(apps)
     env.pop("PGSCHED_CRASHPOINT", None)
     proc = subprocess.Popen(

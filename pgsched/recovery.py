@@ -13,6 +13,7 @@ import signal
 import time
 from datetime import datetime, timedelta
 
+from pgsched import schedule
 from pgsched.dispatch import Dispatch
 from pgsched.state import JobState, Outcome, RunEnd, after_crash, transition
 from pgsched.store import Abandoned, Finish
@@ -40,8 +41,12 @@ class Recovery(Dispatch):
     def _heartbeat(self, *, startup: bool) -> None:
         """Renew our heartbeat and leases; give up runs whose lease we lost; handle others' abandoned runs."""
         assert self.store is not None and self.instance_id is not None
-        lost, found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after,
-                                           timedelta(seconds=self.settings.heartbeat_interval), self._held())
+        # The grace spares a scheduler whose connection merely dropped for a moment. At our own
+        # start there is none: a holder whose session is gone now died before we came up, and
+        # its runs are the ones a restart finds crashed (crash_wait applies, see _abandoned_finish).
+        grace = timedelta(0) if startup else timedelta(seconds=self.settings.heartbeat_interval)
+        lost, found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after, grace,
+                                           self._held())
         self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
         self._lose_runs(lost)
         self._close_abandoned(self._take_over(found), startup=startup)
@@ -123,8 +128,14 @@ class Recovery(Dispatch):
             end = after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
                               retry_period=a.retry_period, rng=self.rng, delay=a.schedule_delay)
         transition(a.job_id, JobState.STARTING, end.next_state, f"run {a.run_id} abandoned: crash")
-        nxt = end.next_start
-        if nxt is not None and startup:
+        nxt, skipped = end.next_start, end.skipped
+        if nxt is not None and startup and a.after_restart:
+            # Found by a scheduler that just started, and nobody saw its holder die: the job
+            # may be what brought the last one down, so it waits crash_wait (a failover does
+            # not). The slots it thereby passes over are recorded like any skipped slots.
             nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
+            if a.schedule is not None:
+                skipped = schedule.skipped_slots(a.schedule, plan_time=a.plan_time, finish=nxt - a.schedule_delay
+                                                 - timedelta(microseconds=1))
         return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=end.disable_reason or why,
-                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped)
+                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=skipped)

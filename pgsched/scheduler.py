@@ -110,10 +110,7 @@ class Scheduler(Recovery):
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None
-                # A run whose scheduler died just before we started is hidden from our first
-                # heartbeat by the grace period (its session may come back): it is still one that
-                # crashed across a start, and gets the crash wait.
-                self._heartbeat(startup=now_mono - self.started_mono < 2 * self.settings.heartbeat_interval)
+                self._heartbeat(startup=False)
             if self.dirty or now_mono >= self._safety_at:
                 self._refresh_plan()
             self._ensure_workers()

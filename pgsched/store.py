@@ -105,6 +105,7 @@ class Abandoned:
     retry_period: timedelta
     schedule_delay: timedelta
     problem: str | None
+    after_restart: bool = False  # nobody saw its holder die: found by a scheduler that started after
 
 
 @dataclass(frozen=True)
@@ -423,4 +424,5 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
         retry_period=timedelta(seconds=row["retry_period_s"]),
         schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0), problem=problem,
+        after_restart=bool(row["after_restart"]),
     )

@@ -289,14 +289,24 @@ RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token
                holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
                consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
                fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
-               schedule_delay_s double precision)
+               schedule_delay_s double precision, after_restart boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT a.run_id, a.job_id, a.plan_time, a.lease_token, a.cause, a.holder, a.backend_pid, a.app,
            (SELECT sa.pid FROM pg_catalog.pg_stat_activity sa WHERE sa.application_name = a.app LIMIT 1),
            v.allow_stale_reentry AND a.trigger <> 'manual', s.consecutive_crashes, v.schedule, v.months,
-           v.days, v.micros, v.fixed_schedule, v.initial_start, v.timezone, v.retry_period_s, v.schedule_delay_s
-      FROM (SELECT r.*, pg_catalog.format('pgsched job %s run %s lease %s', r.job_id, r.run_id, r.lease_token) AS app,
+           v.days, v.micros, v.fixed_schedule, v.initial_start, v.timezone, v.retry_period_s, v.schedule_delay_s,
+           -- after_restart: no scheduler saw the run's holder die. Its holder stopped heartbeating
+           -- before we started, and no other live scheduler is there (not us, not the holder).
+           -- Only then is it a restart, whose crash wait applies; otherwise it is a failover.
+           coalesce(a.holder_beat < (SELECT me.started_at FROM pgsched.instance me WHERE me.instance_id = self_id),
+                    true)
+           AND NOT EXISTS (SELECT 1 FROM pgsched.instance o
+                            WHERE o.instance_id <> self_id AND o.instance_id IS DISTINCT FROM a.instance_id
+                              AND o.stopped_at IS NULL AND o.heartbeat_at >= now() - dead_after
+                              AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = o.backend_pid))
+      FROM (SELECT r.*, i.heartbeat_at AS holder_beat,
+                   pg_catalog.format('pgsched job %s run %s lease %s', r.job_id, r.run_id, r.lease_token) AS app,
                    pg_catalog.format('instance %s (%s, pid %s)', i.instance_id, i.host, i.pid) AS holder,
                    CASE
                      WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
@@ -328,7 +338,7 @@ RETURNS TABLE (lost boolean, run_id bigint, job_id integer, plan_time timestampt
                holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
                consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
                fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
-               schedule_delay_s double precision, db_now timestamptz)
+               schedule_delay_s double precision, after_restart boolean, db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -344,7 +354,8 @@ BEGIN
         RETURNING r.run_id)
     SELECT true, h.run_id, NULL::integer, NULL::timestamptz, h.token, NULL::text, NULL::text, NULL::integer,
            NULL::text, NULL::integer, NULL::boolean, NULL::integer, NULL::text, NULL::integer, NULL::integer,
-           NULL::bigint, NULL::boolean, NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, beat
+           NULL::bigint, NULL::boolean, NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean,
+           beat
       FROM h WHERE NOT EXISTS (SELECT 1 FROM renewed w WHERE w.run_id = h.run_id);
     RETURN QUERY
     SELECT false, a.*, beat FROM pgsched._abandoned_runs(instance_id, dead_after, grace, held) a;
@@ -353,7 +364,7 @@ BEGIN
         RETURN QUERY SELECT NULL::boolean, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::bigint,
                             NULL::text, NULL::text, NULL::integer, NULL::text, NULL::integer, NULL::boolean,
                             NULL::integer, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::boolean,
-                            NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, beat;
+                            NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean, beat;
     END IF;
 END
 $$;

@@ -21,7 +21,6 @@ import psycopg
 import pytest
 
 from pgsched.config import FILE_SETTINGS
-from pgsched.scheduler import Settings
 from tests.acceptance.conftest import Serve, ServeFactory, query, wait_for
 from tests.acceptance.test_serve import (
     FAST,
@@ -160,10 +159,8 @@ def resume_stopped() -> Iterator[list[Serve]]:
 
 def test_kill_9_of_the_holder_fails_over_to_the_survivor(jobs_db: str, serve: ServeFactory) -> None:
     dsn = jobs_db
-    defaults = Settings(dsn="")
     a = serve(dsn, "--max-workers", "2")
     b = serve(dsn, "--max-workers", "2")
-    started = time.monotonic()
     assert a.instance_id is not None and b.instance_id is not None
     assert instance_pid(dsn, a.instance_id) == a.pid and instance_pid(dsn, b.instance_id) == b.pid
 
@@ -176,9 +173,6 @@ def test_kill_9_of_the_holder_fails_over_to_the_survivor(jobs_db: str, serve: Se
     assert instance_pid(dsn, run["instance_id"]) == victim.pid
     assert survivor.instance_id is not None and victim.instance_id is not None
 
-    # An instance that finds a crashed run within its first two heartbeats treats it as crashed
-    # across its own start (crash_wait): kill after that, so the plain crash backoff applies.
-    sleep_until(started + 2 * defaults.heartbeat_interval + 0.3)
     # Kill just after a tick ended, so that no tick run is in progress on the victim.
     done = stats(dsn, ticker)["total_successes"]
     wait_for(lambda: stats(dsn, ticker)["total_successes"] > done, 3, "a tick to end")
@@ -228,6 +222,32 @@ def test_kill_9_of_the_holder_fails_over_to_the_survivor(jobs_db: str, serve: Se
     assert {h["outcome"] for h in tick_runs} <= {"success", "running"}, tick_runs
     after = [h for h in tick_runs if h["started_at"] > before_kill]
     assert after and {h["instance_id"] for h in after} == {survivor.instance_id}, after
+
+
+def test_a_scheduler_starting_during_a_failover_does_not_impose_the_crash_wait(
+        jobs_db: str, serve: ServeFactory) -> None:
+    """crash_wait is for a restart (nobody saw the holder die), not for a failover that a scheduler
+    which just started happens to find first: the killed instance's job keeps its crash backoff."""
+    dsn = jobs_db
+    a = serve(dsn, "--max-workers", "2")
+    b = serve(dsn, "--max-workers", "2")
+    job = add_job(dsn, "'sleeper', '1 hour', config => '{\"s\": 30}', retry_period => '1 second'")
+    run = running_run(dsn, job)
+    query(dsn, "SELECT pgsched.alter_job(%s, config => '{\"s\": 0}')", (job,))
+    victim, peer = holder_and_other(run, a, b)
+    victim.signal(signal.SIGKILL)
+    victim.wait_exit(5)
+    wait_for(lambda: not backend_alive(dsn, int(query(
+        dsn, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s", (victim.instance_id,))[0]
+        ["backend_pid"])), 3, "the victim's session to end")
+    newcomer = serve(dsn, "--max-workers", "2")  # its first heartbeat finds the run with no grace
+    crashed = wait_outcome(dsn, run["run_id"], 6)
+    assert crashed["outcome"] == "crash", crashed
+    closer = newcomer if f"run {run['run_id']} of job {job} recorded as a crash" in newcomer.log() else peer
+    st = stats(dsn, job)
+    assert 0.85 <= (st["next_start"] - crashed["finished_at"]).total_seconds() <= 1.15, (closer.log(), st)
+    again = wait_for(lambda: successes_since(dsn, job, crashed["finished_at"]) or None, 5, "the job to run again")
+    assert again[0]["instance_id"] in (peer.instance_id, newcomer.instance_id)
 
 
 # -- 2. a paused holder loses its lease; its run is closed, not finished ---------------------
