@@ -20,42 +20,15 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from common import children, cluster, cpu_seconds, serve, wait_for_log
 
-from pgsched import migrate
 from pgsched.embedded import Cluster
-
-PGSCHED = str(Path(sys.executable).parent / "pgsched")
-
-
-@contextmanager
-def cluster() -> Iterator[tuple[Cluster, str]]:
-    tmp = tempfile.mkdtemp(prefix="pgsched-bench-")
-    os.chmod(tmp, 0o755)
-    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100"})
-    c.initdb()
-    c.start()
-    c.wait_ready()
-    try:
-        dsn = c.dsn()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            migrate.init(conn)
-            conn.execute("CREATE TABLE bench_start (job_id int, at timestamptz DEFAULT clock_timestamp())")
-            conn.execute("CREATE FUNCTION public.noop(job_id int, config jsonb) RETURNS void "
-                         "LANGUAGE sql AS 'SELECT NULL'")
-            conn.execute("CREATE FUNCTION public.mark(job_id int, config jsonb) RETURNS void LANGUAGE sql "
-                         "AS 'INSERT INTO bench_start (job_id) VALUES (job_id)'")
-        yield c, dsn
-    finally:
-        c.destroy()
 
 
 def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s: float, stagger_ms: float = 0) -> None:
@@ -76,34 +49,6 @@ def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s
                      "WHERE j.job_id = s.job_id")
 
 
-@contextmanager
-def serve(dsn: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    log = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".log")[1])
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([PGSCHED, "serve", "--dsn", dsn, "--log-format", "json", "--log-level", "info",
-                                 *args], stderr=f, stdout=subprocess.DEVNULL)
-    try:
-        yield proc, log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_for_log(log: Path, text: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in log.read_text().splitlines():
-            if text in line:
-                rec: dict[str, Any] = json.loads(line)
-                return rec
-        time.sleep(0.02)
-    raise TimeoutError(f"no log line with {text!r} within {timeout}s")
-
-
 def final_stats(log: Path) -> dict[str, float]:
     rec = wait_for_log(log, "scheduler stopped", 30)
     out = {}
@@ -118,22 +63,11 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
-    return [int(x) for x in out.split()]
 
 
 # -- scenarios ---------------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Helpers shared by the benchmark scripts in bench/: a throwaway cluster, `pgsched serve` subprocesses, /proc readings.
+
+Not a benchmark itself. The scripts are run as `python bench/NAME.py` (`./dev bench NAME`), so this module is
+imported as `common` from the script's own directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgsched import migrate
+from pgsched.embedded import Cluster
+
+PGSCHED = str(Path(sys.executable).parent / "pgsched")
+
+
+@contextmanager
+def cluster() -> Iterator[tuple[Cluster, str]]:
+    tmp = tempfile.mkdtemp(prefix="pgsched-bench-")
+    os.chmod(tmp, 0o755)
+    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100"})
+    c.initdb()
+    c.start()
+    c.wait_ready()
+    try:
+        dsn = c.dsn()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate.init(conn)
+            conn.execute("CREATE TABLE bench_start (job_id int, at timestamptz DEFAULT clock_timestamp())")
+            conn.execute("CREATE FUNCTION public.noop(job_id int, config jsonb) RETURNS void "
+                         "LANGUAGE sql AS 'SELECT NULL'")
+            conn.execute("CREATE FUNCTION public.mark(job_id int, config jsonb) RETURNS void LANGUAGE sql "
+                         "AS 'INSERT INTO bench_start (job_id) VALUES (job_id)'")
+        yield c, dsn
+    finally:
+        c.destroy()
+
+
+def spawn_serve(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """Start `pgsched serve` with JSON logs written to `log`; the caller stops it."""
+    with open(log, "wb") as f:
+        return subprocess.Popen([PGSCHED, "serve", "--dsn", dsn, "--log-format", "json", "--log-level", "info",
+                                 *args], stderr=f, stdout=subprocess.DEVNULL)
+
+
+def stop_serve(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM (runs in progress may end), then SIGKILL if it is still there after `timeout`."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def serve(dsn: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    log = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".log")[1])
+    proc = spawn_serve(dsn, log, *args)
+    try:
+        yield proc, log
+    finally:
+        stop_serve(proc)
+
+
+def wait_for_log(log: Path, text: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if text in line:
+                rec: dict[str, Any] = json.loads(line)
+                return rec
+        time.sleep(0.02)
+    raise TimeoutError(f"no log line with {text!r} within {timeout}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid`, None if it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+    return [int(x) for x in out.split()]
