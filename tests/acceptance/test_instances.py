@@ -496,3 +496,52 @@ def test_postgres_restart_under_three_instances(pg_server: PgServer, jobs_db: st
         n_success = sum(h["outcome"] == "success" for h in hist)
         assert counters(dsn, j) == (len(hist), n_crash, n_success, 0), (j, hist)
         assert successes_since(dsn, j, after), j
+
+
+# -- 5. load sharing: joining and leaving -----------------------------------------------------
+
+def max_concurrent(rows: list[dict[str, Any]]) -> int:
+    """The most runs of `rows` (started_at, finished_at) in progress at one instant."""
+    edges = sorted([(r["started_at"], 1) for r in rows] + [(r["finished_at"], -1) for r in rows],
+                   key=lambda e: (e[0], e[1]))
+    n = best = 0
+    for _, d in edges:
+        n += d
+        best = max(best, n)
+    return best
+
+
+def test_an_instance_that_joins_or_leaves_changes_the_spread_within_seconds(
+        jobs_db: str, serve: ServeFactory) -> None:
+    dsn = jobs_db
+    for _ in range(12):
+        add_job(dsn, "'effect_sleep', '500 milliseconds', config => '{\"s\": 0.2}'")
+    a = serve(dsn, "--max-workers", "2", *FAST)
+    time.sleep(2)
+    joined = db_now(dsn)
+    b = serve(dsn, "--max-workers", "3", *FAST)
+    first_b = wait_for(lambda: [h for h in query(dsn, "SELECT started_at FROM pgsched.job_history "
+                                                     "WHERE instance_id = %s AND outcome = 'success'",
+                                                 (b.instance_id,))] or None, 5, "a run on the instance that joined")
+    assert (first_b[0]["started_at"] - joined).total_seconds() < 3.0
+    time.sleep(3)
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(10) == 0
+    left = db_now(dsn)
+    time.sleep(3)
+    b.signal(signal.SIGTERM)
+    assert b.wait_exit(10) == 0
+    rows = query(dsn, "SELECT instance_id, started_at, finished_at, outcome FROM pgsched.job_history "
+                      "WHERE outcome NOT IN ('skipped', 'missed')")
+    assert {r["outcome"] for r in rows} == {"success"}, Counter(r["outcome"] for r in rows)
+    # Nobody ran more than its --max-workers at once; both did run work while both were up.
+    by = {i: [r for r in rows if r["instance_id"] == i] for i in (a.instance_id, b.instance_id)}
+    assert max_concurrent(by[a.instance_id]) <= 2 and max_concurrent(by[b.instance_id]) <= 3
+    both_up = [r for r in rows if joined < r["started_at"] < left]
+    assert {r["instance_id"] for r in both_up} == {a.instance_id, b.instance_id}
+    # Once `a` left, everything ran on `b`, and it used more than two workers at once.
+    after = [r for r in rows if r["started_at"] > left]
+    assert after and {r["instance_id"] for r in after} == {b.instance_id}
+    assert max_concurrent(after) == 3
+    dupes = query(dsn, "SELECT job_id, plan_time FROM public.effect GROUP BY 1, 2 HAVING count(*) > 1")
+    assert dupes == []
