@@ -40,6 +40,8 @@ EXIT_CONNECT = 3
 EXIT_LOST = 4
 # Messages and stored text stay small: history rows are read by people.
 MAX_MESSAGE = 4000
+# How often (ms) a job's backend checks that its worker is still there (PostgreSQL 14+).
+CHECK_CLIENT_MS = 250
 # A scoped job's plan queues one run per key: bounded, so that a runaway query cannot flood the history.
 MAX_SCOPES = 10_000
 MAX_SCOPE_KEY = 200
@@ -119,6 +121,10 @@ class Session:
             # password file, or the server trusts the scheduler's host for it (docs/security.md).
             params["user"] = role
             params.pop("password", None)
+        # A job whose worker died (kill -9, its scheduler killed) is aborted by the server within
+        # this interval instead of running on, unwatched, to a commit nobody records. As a
+        # connection option it survives DISCARD ALL between runs.
+        params["options"] = f"{params.get('options') or ''} -c client_connection_check_interval={CHECK_CLIENT_MS}"
         conn = psycopg.connect(psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()}),
                                autocommit=True, application_name="pgsched worker idle")
         # DISCARD ALL between runs drops prepared statements, so psycopg must not keep any.

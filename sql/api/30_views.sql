@@ -43,11 +43,11 @@ SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigge
 GRANT SELECT ON pgsched.jobs, pgsched.job_stats, pgsched.job_history TO PUBLIC;
 
 -- Live and stopped scheduler instances. alive: not stopped, heartbeat recent, and its
--- connection still there (the same rules _abandoned_runs uses with dead_after = 15 s).
+-- connection still there (the rules _abandoned_runs uses, with the default dead_after, 10 s).
 -- runs_in_progress counts the runs the reader may see (row-level security).
 CREATE OR REPLACE VIEW pgsched.instances WITH (security_invoker = true) AS
 SELECT i.instance_id, i.host, i.pid, i.version, i.max_workers, i.started_at, i.heartbeat_at, i.stopped_at,
-       (i.stopped_at IS NULL AND i.heartbeat_at >= now() - interval '15 seconds'
+       (i.stopped_at IS NULL AND i.heartbeat_at >= now() - interval '10 seconds'
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = i.backend_pid)) AS alive,
        (SELECT count(*) FROM pgsched.job_run r WHERE r.instance_id = i.instance_id AND r.outcome = 'running')
            AS runs_in_progress

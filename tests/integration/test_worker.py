@@ -55,3 +55,33 @@ def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: st
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
+
+
+def test_a_job_whose_worker_dies_is_aborted_by_the_server(db: str, conn: Conn) -> None:
+    """The worker's session checks that its client is there (client_connection_check_interval): a job
+    whose worker was killed stops within a moment instead of running on to an unrecorded commit."""
+    conn.execute("CREATE TABLE ran (x int)")
+    w = launcher.launch(db)
+    try:
+        ready = events(w, "ready")
+        backend = int(str(ready[-1]["backend_pid"]))
+        assert conn.execute("SELECT setting FROM pg_settings WHERE name = 'client_connection_check_interval'"
+                            ).fetchone() is not None
+        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": str(ready[-1]["role"]),
+                "command": "INSERT INTO ran VALUES (1); SELECT pg_sleep(30)", "config": None,
+                "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
+                "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
+        active = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state = 'active' AND query LIKE '%%pg_sleep%%'"
+        deadline = time.monotonic() + 5
+        while not conn.execute(active, (backend,)).fetchone():
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.02)
+        os.killpg(w.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)).fetchone():
+            assert time.monotonic() - killed < 3, "the orphan backend is still running the job"
+            time.sleep(0.02)
+        assert time.monotonic() - killed < 1.5
+        assert conn.execute("SELECT count(*) FROM ran").fetchone() == (0,)  # rolled back, not committed
+    finally:
+        launcher.reap(w, timeout=5)
