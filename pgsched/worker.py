@@ -62,8 +62,12 @@ def _die_with_parent() -> None:
 
 
 def _emit(out: IO[str], obj: dict[str, Any]) -> None:
-    out.write(json.dumps(obj) + "\n")
-    out.flush()
+    try:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+    except BrokenPipeError:
+        # The scheduler is gone (killed: PR_SET_PDEATHSIG's SIGKILL is on its way); nobody reads us.
+        os._exit(EXIT_LOST)
 
 
 def _call(msg: dict[str, Any]) -> sql.Composed:
