@@ -2,6 +2,24 @@
 -- the NOTIFY and bookkeeping triggers. Re-applied on every upgrade.
 -- Every function pins search_path and qualifies names.
 
+-- Drop every version of the named pgsched functions that an earlier release left. For
+-- internal functions only (called by the scheduler, or by other functions, calls that
+-- PostgreSQL does not record as dependencies): the file that defines them calls this
+-- first, so a changed argument list or result neither fails CREATE OR REPLACE nor leaves
+-- an old overload behind that makes calls ambiguous.
+CREATE OR REPLACE FUNCTION pgsched._drop_functions(names text[])
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname = ANY (names) LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+END
+$$;
+
 -- Raised for bad API input: one place decides the SQLSTATE and the message shape
 -- ("<argument>: <what is wrong>; expected <accepted form>").
 CREATE OR REPLACE FUNCTION pgsched._bad_arg(argument text, problem text, expected text,

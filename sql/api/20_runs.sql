@@ -8,6 +8,13 @@
 -- never reaches mark_end is thereby already counted as a crash; whoever later
 -- finds its 'running' row only has to close it, never to count it again.
 
+-- All of this file's functions are internal: replaced whole on every upgrade.
+SELECT pgsched._drop_functions(ARRAY[
+    '_mark_end',
+    '_mark_start',
+    '_run_job_end',
+    '_run_job_start']);
+
 CREATE OR REPLACE FUNCTION pgsched._mark_start(job_id integer, plan_time timestamptz, trigger text,
                                                worker_pid integer DEFAULT NULL,
                                                backend_pid integer DEFAULT NULL,

@@ -10,6 +10,28 @@
 -- Likewise +/-infinity timestamps (possible only by writing the catalog by hand)
 -- are filtered with isfinite() and read as NULL, never handed to the client.
 
+-- All of this file's functions are internal: replaced whole on every upgrade.
+SELECT pgsched._drop_functions(ARRAY[
+    '_abandoned_runs',
+    '_behind',
+    '_catch_up',
+    '_claim',
+    '_disable_job',
+    '_finish_run',
+    '_finish_runs',
+    '_heartbeat',
+    '_instance_heartbeat',
+    '_instance_stop',
+    '_missing_runs',
+    '_next_due',
+    '_plan',
+    '_record_skipped',
+    '_register_instance',
+    '_set_terminating',
+    '_take_over',
+    '_terminate_run_backend',
+    '_unplanned']);
+
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
 -- _take_over. A view, so that it is inlined into their queries (a function with a
 -- pinned search_path would be called once per row).
@@ -37,12 +59,6 @@ SELECT j.job_id, j.job_name, j.kind,
        WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
          AND p.proargtypes = '23 3802'::pg_catalog.oidvector
   ) pr ON true;
-
--- Functions whose result columns changed since an earlier release: CREATE OR REPLACE
--- cannot change them, so upgrades drop the old ones first.
-DROP FUNCTION IF EXISTS pgsched._claim(bigint, integer[], integer[], interval, text[]);
-DROP FUNCTION IF EXISTS pgsched._take_over(bigint, bigint[], bigint[], integer[], integer[]);
-DROP FUNCTION IF EXISTS pgsched._heartbeat(bigint, integer, interval, interval, bigint[], bigint[]);
 
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first), then, with the workers left, queued runs of scoped jobs.
@@ -281,8 +297,6 @@ $$;
 -- orphan_pid is a backend still running the run, found by the application_name its
 -- worker set (it names the job, the run and the lease): the caller terminates it
 -- before closing the run as a crash or taking it over (allow_stale_reentry).
-DROP FUNCTION IF EXISTS pgsched._abandoned_runs(bigint, interval, bigint[]);
-DROP FUNCTION IF EXISTS pgsched._abandoned_runs(bigint, interval, interval, bigint[]);
 CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, grace interval,
                                                    held bigint[])
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,

@@ -10,6 +10,11 @@
 -- add_job checks it) when it is new or changed; an unchanged one is not re-checked, so
 -- one job whose query broke does not stop every other job's deploy.
 
+-- All of this file's functions are internal: replaced whole on every upgrade.
+SELECT pgsched._drop_functions(ARRAY[
+    '_deploy_code_jobs',
+    '_renew_lease']);
+
 CREATE OR REPLACE FUNCTION pgsched._deploy_code_jobs(modules text[], specs jsonb)
 RETURNS TABLE (job_id integer, job_name text, action text)
 LANGUAGE plpgsql

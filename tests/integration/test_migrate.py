@@ -210,3 +210,26 @@ def test_switching_plpython_off_removes_the_plpython_functions(bare: Conn, pg_se
     assert scalar(bare, "SELECT count(*) FROM pg_proc WHERE proname = 'next_runs'") == 0
     bare.execute(SETUP_SQL)
     assert scalar(bare, "SELECT add_job('ok_fn', '*/5 * * * *')") >= 1000
+
+
+def test_upgrade_replaces_internal_functions_whose_arguments_or_result_changed(bare: Conn) -> None:
+    """An older release's internal functions (another result type, an extra overload) are replaced,
+    not kept beside the new ones nor refused by CREATE OR REPLACE."""
+    migrate.init(bare)
+    with bare.transaction():
+        bare.execute("DROP FUNCTION pgsched._unplanned(integer)")
+        bare.execute("""CREATE FUNCTION pgsched._unplanned(max_rows integer)
+                        RETURNS TABLE (job_id integer, schedule text) LANGUAGE sql AS $$ SELECT 1, 'x' $$""")
+        bare.execute("""CREATE FUNCTION pgsched._mark_start(job_id integer, plan_time timestamptz)
+                        RETURNS bigint LANGUAGE sql AS $$ SELECT -1::bigint $$""")
+        bare.execute("UPDATE pgsched.api_state SET checksum = 'an older release'")
+    assert migrate.init(bare).api_reapplied is True
+    assert scalar(bare, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgsched'::regnamespace "
+                        "AND proname = '_mark_start'") == 1
+    out = scalar(bare, "SELECT proargnames[array_length(proargnames, 1)] FROM pg_proc "
+                       "WHERE oid = 'pgsched._unplanned'::regproc")
+    assert out == "infinite"  # this release's result, not the old one
+    # The API works on top: a job can be added and its run marked.
+    bare.execute(SETUP_SQL)
+    job = scalar(bare, "SELECT pgsched.add_job('ok_fn', '5 minutes')")
+    assert scalar(bare, "SELECT pgsched._mark_start(%s, now(), 'manual')", (job,)) > 0
