@@ -15,6 +15,7 @@ from datetime import timedelta
 import psycopg
 
 from pgsched import launcher
+from pgsched.errors import first_line
 from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.loop_state import LoopState
@@ -55,6 +56,8 @@ class Dispatch(LoopState):
             # ask when the next one is, but do not spin on a row we cannot have.
             self.dirty = True
             self._hold_claims_until = time.monotonic() + 0.05
+        if any(c.run is not None and c.run.scope for c in claimed):
+            self.dirty = True  # more queued scope runs may be waiting: _next_due knows, the claim does not
         self._match_owners(claimed)
         for c in claimed:
             worker = self.workers.get(c.worker_pid or -1)
@@ -252,6 +255,8 @@ class Dispatch(LoopState):
                 self.store.terminate_run_backend(self._orphans[0])
             except psycopg.OperationalError:
                 return  # the connection is gone: kept, and tried again after reconnecting
+            except psycopg.Error as e:
+                log.error("cannot terminate the backend of %r: %s", self._orphans[0], first_line(e))
             self._orphans.pop(0)
 
     # -- ends of runs -------------------------------------------------------------------
@@ -264,6 +269,7 @@ class Dispatch(LoopState):
         job = run.job
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.
+            self.dirty = True  # a worker is free and queued scope runs may be waiting
             log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
                      run.scope, outcome, (finish - run.started_at).total_seconds(),
                      f" error={message!r}" if message else "")
@@ -291,6 +297,7 @@ class Dispatch(LoopState):
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=end.skipped, lease_token=run.lease_token,
             rows_affected=rows_affected, result=result, scopes=scopes,
+            schedule_delay=job.schedule_delay.total_seconds(),
             worker_pid=run.worker_pid if run.pids_changed else None,
             backend_pid=run.backend_pid if run.pids_changed else None,
         ))
@@ -308,6 +315,7 @@ class Dispatch(LoopState):
             closed = self.store.finish(batch)
         except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; _mark_end is idempotent
+            self._flush_at = time.monotonic() + 1.0  # not in a tight loop if the database refuses it
             raise
         self._log_refused(batch, [f.run_id for f, ok in zip(batch, closed, strict=True) if not ok])
         crashpoint("after_mark_end")
@@ -351,6 +359,10 @@ class Dispatch(LoopState):
                 self.store.cancel_backend(run.backend_pid)
         except psycopg.OperationalError as e:
             self._lost_connection(e)
+        except psycopg.Error as e:
+            # E.g. a superuser's backend that a non-superuser scheduler may not signal: the grace
+            # period still ends with the worker's process group killed.
+            log.error("run %s: cannot cancel its query: %s", run.run_id, first_line(e))
 
     def _cancel_deleted_runs(self) -> None:
         assert self.store is not None

@@ -52,6 +52,7 @@ class LoopState:
         self._statements_done = 0  # by connections already closed
         self._orphans: list[str] = []  # application_names of runs whose backends are still to terminate
         self._hold_claims_until = 0.0
+        self._flush_at = 0.0  # after a close the database refused: when to try again
         self._spawn_failures = 0
         self._spawn_at = 0.0
         self._safety_at = 0.0

@@ -80,7 +80,8 @@ class Recovery(Dispatch):
         or another instance's): taking it over is the point, closing it would lose the plan.
         """
         assert self.store is not None and self.instance_id is not None
-        reentry = [a for a in found if a.reentry and a.cause in ("stopped", "gone", "stale")]
+        reentry = [a for a in found if a.reentry and a.cause in ("stopped", "gone", "stale")
+                   and (a.code_module is None or a.code_module in self.settings.apps)]
         if not reentry:
             return found
         idle = [w for w in self.workers.values() if w.idle] if not self.stopping else []
@@ -122,6 +123,10 @@ class Recovery(Dispatch):
         why = _ABANDONED.get(a.cause, "the run's scheduler or session ended before the run did").format(
             holder=a.holder, dead_after=self.settings.dead_after)
         log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why)
+        if a.scope:
+            # One scope of a plan: its end does not move the job's schedule (its plan run's does).
+            return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=why, next_start=None,
+                          finished_at=now, lease_token=a.lease_token)
         if a.schedule is None:
             end = RunEnd(Outcome.CRASH, None, JobState.DISABLED, a.problem or "invalid schedule")
         else:
@@ -138,4 +143,7 @@ class Recovery(Dispatch):
                 skipped = schedule.skipped_slots(a.schedule, plan_time=a.plan_time, finish=nxt - a.schedule_delay
                                                  - timedelta(microseconds=1))
         return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=end.disable_reason or why,
-                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=skipped)
+                      next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=skipped,
+                      # Fenced on the lease we found stale: if its holder or another scheduler acted
+                      # first (a takeover), this close is refused.
+                      lease_token=a.lease_token, schedule_delay=a.schedule_delay.total_seconds())

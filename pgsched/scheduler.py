@@ -284,7 +284,7 @@ class Scheduler(Recovery):
         if self.stopping and self.stop_deadline is not None:
             candidates.append(self.stop_deadline - now_mono)
         if self.pending:
-            candidates.append(0.05 if self.store is None else 0)
+            candidates.append(0.05 if self.store is None else self._flush_at - now_mono)
         if self.store is not None and self.store.notified:
             candidates.append(0)  # read during a statement of this round: act on it now
         return max(0.0, min(candidates))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pgsched.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -29,3 +31,10 @@ class Settings:
     # Modules with @pgsched.job handlers: imported by the workers; their jobs are claimed only here
     # and on other instances that loaded them.
     apps: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A lease renewed every heartbeat_interval must not be judged stale by dead_after in
+        # between: keep room for a couple of missed beats (a slow round, a reconnect).
+        if self.dead_after < 3 * self.heartbeat_interval:
+            raise ConfigError(f"dead_after ({self.dead_after}s) must be at least 3 x heartbeat_interval "
+                              f"({self.heartbeat_interval}s); every instance on a database should use the same two")

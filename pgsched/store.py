@@ -3,12 +3,14 @@
 Every statement here calls a named function from sql/api/ (40_scheduler.sql,
 20_runs.sql, 60_code_jobs.sql), so each piece of SQL has one home. The
 connection is autocommit: every call is its own transaction (closing runs and
-claiming new ones share one pipelined round trip, still two transactions). The
+claiming new ones share one pipelined round trip, and with no sync between them, one
+transaction: a close the database refuses takes the claim with it). The
 store anchors the scheduler's clock on the database time its queries return.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import select
 import time
@@ -79,6 +81,9 @@ class Finish:
     # The worker and backend that really ran it (a worker may have reconnected as the job's owner).
     worker_pid: int | None = None
     backend_pid: int | None = None
+    # The schedule_delay (s) next_start was computed with: if the job's delay was changed during the
+    # run, the close shifts next_start by the difference, so no plan falls between the two.
+    schedule_delay: float | None = None
     # A scoped job's plan run: the scope keys to queue a run for.
     scopes: list[str] | None = None
     # The lease the closing scheduler holds (None: not a scheduler's own run, e.g. one found
@@ -106,6 +111,8 @@ class Abandoned:
     schedule_delay: timedelta
     problem: str | None
     after_restart: bool = False  # nobody saw its holder die: found by a scheduler that started after
+    scope: str = ""  # a scope run's key: its end does not move the job's schedule
+    code_module: str | None = None  # a Python job's module: only an instance that loaded it may take it over
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,9 @@ class Store:
         # run 'running', which mark_start already counted as a crash (the conservative
         # over-count TimescaleDB also accepts). This halves the latency per scheduler round.
         self.conn.execute("SET synchronous_commit = off")
+        # The loop is single-threaded: a catalog row someone keeps locked in an open transaction
+        # must cost it one failed statement, retried next round, not a freeze.
+        self.conn.execute("SET lock_timeout = '1s'")
         # A notification that arrives while one of our statements runs is taken off
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
@@ -268,8 +278,9 @@ class Store:
               finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None, list[int]]:
         """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
 
-        Runs in `finishing` are closed first, in the same round trip (a pipeline: the close
-        and the claim stay two transactions, in that order). Also returns when the next
+        Runs in `finishing` are closed first, in the same round trip and transaction (a pipeline
+        without a sync between the two: if the close fails, nothing is claimed and the caller
+        keeps the batch). Also returns when the next
         unclaimed job is due (None when nothing was claimed: the caller must ask next_due()),
         and the runs of `finishing` whose close was refused (already closed, or the lease is lost).
         """
@@ -339,12 +350,12 @@ class Store:
 
     def _finish_cursor(self, finishes: Sequence[Finish]) -> psycopg.Cursor[dict[str, Any]]:
         payload = [{
-            "run_id": f.run_id, "outcome": str(f.outcome), "sqlstate": f.sqlstate, "message": f.message,
+            "run_id": f.run_id, "outcome": str(f.outcome), "sqlstate": _text(f.sqlstate), "message": _text(f.message),
             "next_start": _iso(f.next_start), "finished_at": _iso(f.finished_at),
-            "disable_reason": f.disable_reason, "rows_affected": f.rows_affected, "result": f.result,
+            "disable_reason": _text(f.disable_reason), "rows_affected": f.rows_affected, "result": _json(f.result),
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
             "worker_pid": f.worker_pid, "backend_pid": f.backend_pid, "lease_token": f.lease_token,
-            "scopes": f.scopes,
+            "scopes": f.scopes, "schedule_delay_s": f.schedule_delay,
         } for f in finishes]
         return self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),))
 
@@ -406,6 +417,32 @@ def _claimed_from_row(row: dict[str, Any]) -> Claimed:
     return Claimed(run, run.run_id, job.job_id, row["worker_pid"])
 
 
+def _text(s: str | None) -> str | None:
+    """Text PostgreSQL accepts: no NUL characters (a job's error message may carry any bytes)."""
+    return None if s is None else s.replace("\x00", "\\0")
+
+
+def _json(value: Any) -> Any:
+    """A result jsonb accepts: NaN, infinities and NULs would make the whole batch of closes fail."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        return {"invalid_result": f"not representable as JSON: {e}"}
+    return _no_nul(value)
+
+
+def _no_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, dict):
+        return {_text(str(k)): _no_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nul(v) for v in value]
+    return value
+
+
 def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.isoformat()
 
@@ -424,5 +461,5 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
         retry_period=timedelta(seconds=row["retry_period_s"]),
         schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0), problem=problem,
-        after_restart=bool(row["after_restart"]),
+        after_restart=bool(row["after_restart"]), scope=row["scope"] or "", code_module=row["code_module"],
     )

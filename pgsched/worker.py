@@ -207,27 +207,40 @@ def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], result: dict[st
              setters: sql.Composable) -> dict[str, Any]:
     """The plan run of a scoped job: read its scope keys, as its owner, in a read-only transaction.
 
-    The query is wrapped as a subquery, so it must be one query returning rows (the first
-    column is the key); several statements or a command are a syntax error, not executed.
+    The query is wrapped as a subquery, so it must be one query returning rows; the first
+    column is the key, taken as PostgreSQL's text of it (an enum, a boolean or a jsonb key
+    reads as it prints in psql). NULL and empty keys and duplicates are dropped.
     """
+    query = sql.SQL("SELECT s.* FROM ({}) AS s LIMIT {}").format(
+        sql.SQL(msg["scope_query"]), sql.Literal(MAX_SCOPES + 1))
     try:
         with conn.transaction():
             conn.execute(sql.SQL("SELECT {}").format(setters))
             conn.execute("SET TRANSACTION READ ONLY")
             _wait_for_start(msg)
-            # The extended protocol (binary=True) takes exactly one statement: a query that closes the
-            # parenthesis and appends '; COMMIT; ...' is refused instead of escaping the read-only transaction.
-            rows = conn.execute(sql.SQL("SELECT s.* FROM ({}) AS s").format(sql.SQL(msg["scope_query"])),
-                                binary=True).fetchall()
+            # Prepared, i.e. the extended protocol, which takes exactly one statement: a query that
+            # closes the parenthesis and appends '; COMMIT; ...' is refused instead of escaping the
+            # read-only transaction. (psycopg forgets the statement at the DISCARD ALL after the run.)
+            conn.prepare_threshold = 0  # prepare=True is ignored while preparing is off (None)
+            try:
+                res = conn.execute(query, prepare=True).pgresult
+                # ... and psycopg forgets its prepared statements only if it sees them deallocated
+                # while preparing is on: DISCARD ALL after the run would leave it a stale name.
+                conn.execute("DEALLOCATE ALL")
+            finally:
+                conn.prepare_threshold = None
+            assert res is not None
+            raw = [res.get_value(i, 0) for i in range(res.ntuples)] if res.nfields else []
     except psycopg.Error as e:
         result.update(ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
                       message=f"scope_query: {e.diag.message_primary or e}"[:MAX_MESSAGE])
         return result
-    keys = list(dict.fromkeys(str(r[0]) for r in rows if r and r[0] is not None))
-    if len(keys) > MAX_SCOPES or any(len(k) > MAX_SCOPE_KEY for k in keys):
+    keys = list(dict.fromkeys(k for k in (bytes(v).decode() for v in raw if v is not None) if k))
+    if len(raw) > MAX_SCOPES or any(len(k) > MAX_SCOPE_KEY for k in keys):
         result.update(ok=False, sqlstate="54000",
-                      message=f"scope_query returned {len(keys)} keys; at most {MAX_SCOPES} keys of at most "
-                              f"{MAX_SCOPE_KEY} characters are accepted")
+                      message=f"scope_query returned more than {MAX_SCOPES} rows or a key longer than "
+                              f"{MAX_SCOPE_KEY} characters; at most {MAX_SCOPES} keys of at most {MAX_SCOPE_KEY} "
+                              "characters are accepted")
         return result
     result.update(scopes=keys, result={"scopes": len(keys)})
     return result

@@ -303,12 +303,12 @@ RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token
                holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
                consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
                fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
-               schedule_delay_s double precision, after_restart boolean)
+               schedule_delay_s double precision, after_restart boolean, scope text, code_module text)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT a.run_id, a.job_id, a.plan_time, a.lease_token, a.cause, a.holder, a.backend_pid, a.app,
            (SELECT sa.pid FROM pg_catalog.pg_stat_activity sa WHERE sa.application_name = a.app LIMIT 1),
-           v.allow_stale_reentry AND a.trigger <> 'manual', s.consecutive_crashes, v.schedule, v.months,
+           v.allow_stale_reentry AND a.trigger <> 'manual' AND s.state <> 'disabled', s.consecutive_crashes, v.schedule, v.months,
            v.days, v.micros, v.fixed_schedule, v.initial_start, v.timezone, v.retry_period_s, v.schedule_delay_s,
            -- after_restart: no scheduler saw the run's holder die. Its holder stopped heartbeating
            -- before we started, and no other live scheduler is there (not us, not the holder).
@@ -318,7 +318,8 @@ SET search_path = pg_catalog, pg_temp AS $$
            AND NOT EXISTS (SELECT 1 FROM pgsched.instance o
                             WHERE o.instance_id <> self_id AND o.instance_id IS DISTINCT FROM a.instance_id
                               AND o.stopped_at IS NULL AND o.heartbeat_at >= now() - dead_after
-                              AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = o.backend_pid))
+                              AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = o.backend_pid)),
+           a.scope, CASE WHEN v.kind = 'python' THEN v.code_module END
       FROM (SELECT r.*, i.heartbeat_at AS holder_beat,
                    pg_catalog.format('pgsched job %s run %s lease %s', r.job_id, r.run_id, r.lease_token) AS app,
                    pg_catalog.format('instance %s (%s, pid %s)', i.instance_id, i.host, i.pid) AS holder,
@@ -352,25 +353,31 @@ RETURNS TABLE (lost boolean, run_id bigint, job_id integer, plan_time timestampt
                holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
                consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
                fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
-               schedule_delay_s double precision, after_restart boolean, db_now timestamptz)
+               schedule_delay_s double precision, after_restart boolean, scope text, code_module text,
+               db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     beat timestamptz := pgsched._instance_heartbeat(instance_id, max_workers);
 BEGIN
+    -- A row locked by someone's open transaction (a DELETE of the job, say) is skipped, not
+    -- waited for: the loop must not freeze on it, and it is renewed at the next heartbeat.
+    UPDATE pgsched.job_run r SET heartbeat_at = now()
+     WHERE r.run_id IN (SELECT l.run_id FROM pgsched.job_run l
+                          JOIN unnest(held, tokens) AS h(run_id, token) ON h.run_id = l.run_id
+                         WHERE l.lease_token = h.token AND l.outcome = 'running'
+                           FOR UPDATE OF l SKIP LOCKED);
     RETURN QUERY
-    WITH h AS (SELECT * FROM unnest(held, tokens) AS h(run_id, token)),
-    renewed AS (
-        UPDATE pgsched.job_run r SET heartbeat_at = now()
-          FROM h
-         WHERE r.run_id = h.run_id AND r.lease_token = h.token AND r.outcome = 'running'
-        RETURNING r.run_id)
+    WITH h AS (SELECT * FROM unnest(held, tokens) AS h(run_id, token))
     SELECT true, h.run_id, NULL::integer, NULL::timestamptz, h.token, NULL::text, NULL::text, NULL::integer,
            NULL::text, NULL::integer, NULL::boolean, NULL::integer, NULL::text, NULL::integer, NULL::integer,
            NULL::bigint, NULL::boolean, NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean,
-           beat
-      FROM h WHERE NOT EXISTS (SELECT 1 FROM renewed w WHERE w.run_id = h.run_id);
+           NULL::text, NULL::text, beat
+      FROM h
+     -- Lost: closed, taken over (another token) or gone with its job. Read, not locked.
+     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                        WHERE r.run_id = h.run_id AND r.lease_token = h.token AND r.outcome = 'running');
     RETURN QUERY
     SELECT false, a.*, beat FROM pgsched._abandoned_runs(instance_id, dead_after, grace, held) a;
     IF NOT FOUND THEN
@@ -378,7 +385,8 @@ BEGIN
         RETURN QUERY SELECT NULL::boolean, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::bigint,
                             NULL::text, NULL::text, NULL::integer, NULL::text, NULL::integer, NULL::boolean,
                             NULL::integer, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::boolean,
-                            NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean, beat;
+                            NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean,
+                            NULL::text, NULL::text, beat;
     END IF;
 END
 $$;
@@ -553,6 +561,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     rid bigint := (e->>'run_id')::bigint;
     closed boolean;
+    next_start timestamptz;
 BEGIN
     -- Fencing: a scheduler closes a run only while it holds the run's lease. The row lock
     -- taken here stays until the close commits, so no takeover can slip in between.
@@ -570,26 +579,46 @@ BEGIN
            SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
          WHERE r.run_id = rid AND r.outcome = 'running';
     END IF;
+    next_start := (e->>'next_start')::timestamptz;
+    IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
+        -- The scheduler added the delay the run was claimed with; the job's may have changed since.
+        SELECT next_start + pg_catalog.make_interval(
+                   secs => extract(epoch FROM j.schedule_delay) - (e->>'schedule_delay_s')::float8)
+          INTO next_start
+          FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
+         WHERE r.run_id = rid;
+    END IF;
     closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message',
-                                (e->>'next_start')::timestamptz, (e->>'finished_at')::timestamptz,
+                                next_start, (e->>'finished_at')::timestamptz,
                                 e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'));
     IF closed AND jsonb_typeof(e->'scopes') = 'array' THEN
-        -- A plan run of a scoped job ends by queuing one run per scope key it found.
-        INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome)
-        SELECT r.job_id, k.value, r.plan_time, r.trigger, 'queued'
-          FROM pgsched.job_run r, jsonb_array_elements_text(e->'scopes') k
-         WHERE r.run_id = rid
-        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING;
+        -- A plan run of a scoped job ends by queuing one run per scope key it found, except for
+        -- a scope whose run of an earlier plan is still queued: the queue never grows past one
+        -- plan per scope, and the plans passed over are counted as skipped.
+        WITH q AS (
+            INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome)
+            SELECT r.job_id, k.value, r.plan_time, r.trigger, 'queued'
+              FROM pgsched.job_run r, jsonb_array_elements_text(e->'scopes') k
+             WHERE r.run_id = rid AND k.value <> ''
+               AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                                WHERE o.job_id = r.job_id AND o.scope = k.value AND o.outcome = 'queued')
+            ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
+            RETURNING 1)
+        UPDATE pgsched.job_stat st
+           SET total_skipped = st.total_skipped + jsonb_array_length(e->'scopes') - (SELECT count(*) FROM q)
+          FROM pgsched.job_run r
+         WHERE r.run_id = rid AND st.job_id = r.job_id;
     END IF;
     IF closed AND (jsonb_typeof(e->'scopes') = 'array'
                    OR EXISTS (SELECT 1 FROM pgsched.job_run r JOIN pgsched.job_run q
-                                ON q.job_id = r.job_id AND q.scope = r.scope AND q.outcome = 'queued'
+                                ON q.job_id = r.job_id AND q.outcome = 'queued'
                                WHERE r.run_id = rid AND r.scope <> '')) THEN
         -- Queued scope runs became claimable: wake every scheduler (ours included), not
         -- only the ones that happen to have an idle worker at their next claim.
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
     END IF;
-    IF closed AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
+    IF closed AND coalesce((e->>'skipped')::integer, 0) > 0
+       AND (SELECT r.scope FROM pgsched.job_run r WHERE r.run_id = rid) = '' THEN
         PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
                                         (e->>'skipped_last')::timestamptz);
     END IF;

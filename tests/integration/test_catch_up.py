@@ -143,3 +143,32 @@ def test_schedule_delay_makes_a_plan_eligible_that_long_after_its_time(db: str, 
     # The job reads its own plan time, not the delayed start.
     effects = [r[0] for r in hits.execute("SELECT plan_time FROM hits WHERE job_id = %s ORDER BY 1", (job,))]
     assert effects == [p for p, _ in rows]
+
+
+def test_changing_schedule_delay_during_a_run_drops_no_plan(db: str, hits: Conn) -> None:
+    hits.execute("""CREATE PROCEDURE public.slow_hit(job_id int, config jsonb) LANGUAGE plpgsql AS $$
+                    BEGIN INSERT INTO hits VALUES (job_id, current_setting('pgsched.plan_time')::timestamptz);
+                          PERFORM pg_sleep(1.2); END $$""")
+    job = one(hits, "SELECT add_job('slow_hit', '2 seconds', initial_start => date_trunc('second', now()) + "
+                    "interval '1 second', schedule_delay => '1 second')")
+    origin = one(hits, "SELECT initial_start FROM pgsched.jobs WHERE job_id = %s", job)
+    changed: list[bool] = []
+
+    def until() -> bool:
+        if not changed and one(hits, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = "
+                                     "'running'", job):
+            hits.execute("SELECT alter_job(%s, schedule_delay => '0')", (job,))
+            changed.append(True)
+        return len(ran(hits, job)) >= 3
+
+    serve(db, until, timeout=15)
+    plans = ran(hits, job)
+    # Every plan is on the schedule's grid, and each grid slot from the first to the last run was
+    # run or recorded as skipped.
+    assert all((p - origin) % timedelta(seconds=2) == timedelta(0) for p in plans), (origin, plans)
+    skipped = [r[0] for r in hits.execute("SELECT result FROM pgsched.job_history WHERE job_id = %s "
+                                          "AND outcome = 'skipped'", (job,))]
+    covered = {datetime.fromisoformat(r["first"]) + k * timedelta(seconds=2)
+               for r in skipped for k in range(r["count"])}
+    grid = {plans[0] + k * timedelta(seconds=2) for k in range(int((plans[-1] - plans[0]) / timedelta(seconds=2)) + 1)}
+    assert grid <= set(plans) | covered, (plans, skipped)

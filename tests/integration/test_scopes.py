@@ -150,3 +150,23 @@ def test_a_python_handler_gets_its_scope_as_run_scope(db: str, shards: Conn, py_
     effects = shards.execute("SELECT scope, setting FROM effects WHERE plan_time = %s ORDER BY scope",
                              (plan,)).fetchall()
     assert effects == [("ap", "ap"), ("eu", "eu"), ("us", "us")]  # run.scope and pgsched.scope agree
+
+
+def test_keys_are_read_as_postgresql_prints_them(db: str, shards: Conn) -> None:
+    """Any key type works (an enum, a boolean), '%' in the query is not a placeholder, and an empty
+    key is dropped like NULL (it would collide with the plan run's own scope '')."""
+    shards.execute("CREATE TYPE region AS ENUM ('eu', 'us')")
+    job = scoped_job(shards, "SELECT r FROM unnest('{eu,us}'::region[]) AS r UNION ALL "
+                             "SELECT k::region FROM shards WHERE k LIKE 'e%' UNION ALL SELECT NULL UNION ALL "
+                             "SELECT true::text::region FROM shards WHERE false UNION ALL "
+                             "SELECT r FROM unnest('{}'::region[]) r", schedule="1 hour")
+    other = scoped_job(shards, "SELECT b FROM (VALUES (true), (false)) v(b) UNION ALL SELECT NULL", schedule="1 hour")
+    empty = scoped_job(shards, "VALUES (''), ('x')", schedule="1 hour")
+
+    def done(j: int, n: int) -> bool:
+        return sum(1 for s, _, o, *_ in history(shards, j) if s and o == "success") >= n
+
+    serve(db, lambda: done(job, 2) and done(other, 2) and done(empty, 1), timeout=10)
+    assert sorted(s for s, *_ in history(shards, job) if s) == ["eu", "us"]
+    assert sorted(s for s, *_ in history(shards, other) if s) == ["f", "t"]
+    assert [(s, r) for s, _, _, r, _ in history(shards, empty)] == [("", {"scopes": 1}), ("x", None)]
