@@ -25,7 +25,8 @@ _ABANDONED = {
     "stopped": "{holder} stopped before the run ended",
     "gone": "{holder} lost its database session (process killed or connection lost) before the run ended",
     "stale": "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off); the plan is not "
-             "run again: run_job() to retry it, or allow_stale_reentry for an idempotent job",
+             "run again automatically: run_job() runs the job now, allow_stale_reentry lets an idempotent job's "
+             "plan be taken over",
     "session": "the session that called run_job ended before the run did",
     "lost": "this scheduler lost track of the run (a claim or close lost with the connection)",
 }

@@ -209,6 +209,12 @@ BEGIN
     END IF;
     rid := pgsched._run_job_start(j.job_id);
     COMMIT;
+    -- What the scheduler's worker tells a run (see pgsched/worker.py), for this transaction: a
+    -- manual run's plan time is its start.
+    PERFORM pg_catalog.set_config('pgsched.run_id', rid::text, true),
+            pg_catalog.set_config('pgsched.plan_time',
+                                  (SELECT r.plan_time FROM pgsched.job_run r WHERE r.run_id = rid)::text, true),
+            pg_catalog.set_config('pgsched.scope', '', true);
     IF owner_name <> current_user THEN
         EXECUTE format('SET LOCAL ROLE %I', owner_name);
     END IF;

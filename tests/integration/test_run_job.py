@@ -147,3 +147,15 @@ def test_run_job_keeps_the_job_error_details(api: Conn) -> None:
     assert (e.value.sqlstate, d.message_primary, d.message_detail, d.message_hint) == \
         ("PD001", "broken", "the detail", "the hint")
     assert [(h["sqlstate"], h["message"]) for h in history(api, job_id)] == [("PD001", "broken")]
+
+
+def test_run_job_tells_the_job_its_run_and_plan_time(api: Conn) -> None:
+    api.execute("CREATE TABLE seen (run_id text, plan_time timestamptz, scope text)")
+    job = api.execute("SELECT pgsched.schedule('seen', '1 hour', $$INSERT INTO seen VALUES "
+                      "(current_setting('pgsched.run_id'), current_setting('pgsched.plan_time')::timestamptz, "
+                      "current_setting('pgsched.scope'))$$)").fetchone()
+    assert job is not None
+    api.execute("CALL pgsched.run_job(%s)", (job[0],))
+    row = api.execute("SELECT s.run_id::bigint = r.run_id, s.plan_time = r.plan_time, s.scope FROM seen s "
+                      "JOIN pgsched.job_run r ON r.job_id = %s AND r.trigger = 'manual'", (job[0],)).fetchone()
+    assert row == (True, True, "")
