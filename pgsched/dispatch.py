@@ -120,6 +120,7 @@ class Dispatch(LoopState):
                 "scope_query": job.scope_query if run.fans_out else None,
                 "code_module": job.code_module, "code_function": job.code_function,
                 "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": run.scope,
+                "attempt": run.attempt,
                 # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
                 # whatever its own set-up took.
                 "start_at": time.monotonic() + max(0.0, (run.started_at - self.clock.now()).total_seconds()),

@@ -411,7 +411,8 @@ def _claimed_from_row(row: dict[str, Any]) -> Claimed:
     run = Run(
         run_id=row["run_id"], job=job, plan_time=row["plan_time"], started_at=row["started_at"],
         consecutive_failures=row["consecutive_failures"], consecutive_crashes=row["consecutive_crashes"],
-        lease_token=row["lease_token"], scope=row["scope"] or "", worker_pid=row["worker_pid"],
+        lease_token=row["lease_token"], scope=row["scope"] or "", attempt=row["attempt"] or 1,
+        worker_pid=row["worker_pid"],
         backend_pid=row["backend_pid"],
     )
     return Claimed(run, run.run_id, job.job_id, row["worker_pid"])

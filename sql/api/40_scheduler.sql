@@ -76,8 +76,8 @@ SELECT j.job_id, j.job_name, j.kind,
 -- no run of that scope in progress is claimable.
 CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
                                           ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
-RETURNS TABLE (run_id bigint, job_id integer, scope text, plan_time timestamptz, started_at timestamptz,
-               lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
+RETURNS TABLE (run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz,
+               started_at timestamptz, lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
                consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
@@ -126,14 +126,16 @@ BEGIN
           FROM due d
          ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
-        RETURNING r.run_id, r.job_id, r.scope, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+        RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
+                  r.backend_pid
     ), scoped AS (
         UPDATE pgsched.job_run r
            SET outcome = 'running', started_at = now(), worker_pid = worker_pids[q.n], backend_pid = backend_pids[q.n],
                instance_id = _claim.instance_id, lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = now()
           FROM queued q
          WHERE r.run_id = q.run_id
-        RETURNING r.run_id, r.job_id, r.scope, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+        RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
+                  r.backend_pid
     ), claimed AS (
         SELECT * FROM runs UNION ALL SELECT * FROM scoped
     ), started AS (
@@ -156,7 +158,8 @@ BEGIN
          WHERE s.job_id = d.job_id AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = d.job_id)
         RETURNING s.job_id
     )
-    SELECT c.run_id, c.job_id, c.scope, c.plan_time, c.started_at, c.lease_token, c.worker_pid, c.backend_pid,
+    SELECT c.run_id, c.job_id, c.scope, c.attempt, c.plan_time, c.started_at, c.lease_token, c.worker_pid,
+           c.backend_pid,
            coalesce(d.consecutive_failures, 0), coalesce(d.consecutive_crashes, 0),
            v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
@@ -398,8 +401,8 @@ $$;
 -- a crash; the new one is counted in advance like any start (see 20_runs.sql).
 CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
                                               worker_pids integer[], backend_pids integer[])
-RETURNS TABLE (run_id bigint, job_id integer, scope text, plan_time timestamptz, started_at timestamptz,
-               lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
+RETURNS TABLE (run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz,
+               started_at timestamptz, lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
                consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
                proc_name name, is_procedure boolean, command text, code_module text, code_function text,
                config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
@@ -418,7 +421,8 @@ SET search_path = pg_catalog, pg_temp AS $$
                                 r.attempt + 1, r.attempt, r.instance_id)
           FROM unnest(run_ids, tokens, worker_pids, backend_pids) AS u(run_id, token, worker_pid, backend_pid)
          WHERE r.run_id = u.run_id AND r.lease_token = u.token AND r.outcome = 'running'
-        RETURNING r.run_id, r.job_id, r.scope, r.plan_time, r.started_at, r.lease_token, r.worker_pid, r.backend_pid
+        RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
+                  r.backend_pid
     ), s AS (
         UPDATE pgsched.job_stat s
            SET state = CASE WHEN c.plan_run IS NULL THEN s.state ELSE 'starting' END,
@@ -431,7 +435,8 @@ SET search_path = pg_catalog, pg_temp AS $$
          WHERE s.job_id = c.job_id
         RETURNING s.job_id, s.consecutive_failures, s.consecutive_crashes - 1 AS consecutive_crashes
     )
-    SELECT t.run_id, t.job_id, t.scope, t.plan_time, t.started_at, t.lease_token, t.worker_pid, t.backend_pid,
+    SELECT t.run_id, t.job_id, t.scope, t.attempt, t.plan_time, t.started_at, t.lease_token, t.worker_pid,
+           t.backend_pid,
            s.consecutive_failures, s.consecutive_crashes,
            v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
