@@ -545,3 +545,43 @@ def test_an_instance_that_joins_or_leaves_changes_the_spread_within_seconds(
     assert max_concurrent(after) == 3
     dupes = query(dsn, "SELECT job_id, plan_time FROM public.effect GROUP BY 1, 2 HAVING count(*) > 1")
     assert dupes == []
+
+
+# -- 6. a sharded job over several instances ---------------------------------------------------
+
+def test_scope_runs_spread_over_instances_and_run_once_each(jobs_db: str, serve: ServeFactory) -> None:
+    dsn = jobs_db
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE tenants (id text)")
+        c.execute("INSERT INTO tenants SELECT 't' || g FROM generate_series(1, 6) g")
+        c.execute("""CREATE TABLE shard_effect (scope text, plan_time timestamptz, instance text)""")
+        c.execute("""CREATE PROCEDURE public.per_tenant(job_id int, config jsonb) LANGUAGE plpgsql AS $$
+                     BEGIN
+                         INSERT INTO shard_effect SELECT config->>'scope',
+                                current_setting('pgsched.plan_time')::timestamptz, r.instance_id::text
+                           FROM pgsched.job_run r WHERE r.run_id = current_setting('pgsched.run_id')::bigint;
+                         PERFORM pg_sleep(0.3);
+                     END $$""")
+    job = add_job(dsn, "'per_tenant', '2 seconds', scope_query => 'SELECT id FROM tenants'")
+    a = serve(dsn, "--max-workers", "2", *FAST)
+    b = serve(dsn, "--max-workers", "2", *FAST)
+
+    def plans_done() -> int:
+        rows = query(dsn, "SELECT plan_time FROM shard_effect GROUP BY 1 HAVING count(DISTINCT scope) = 6")
+        return len(rows)
+
+    wait_for(lambda: plans_done() >= 3 or None, 30, "three plans with all six scopes done")
+    for s in (a, b):
+        s.signal(signal.SIGTERM)
+    for s in (a, b):
+        assert s.wait_exit(10) == 0
+    dupes = query(dsn, "SELECT scope, plan_time, count(*) AS n FROM shard_effect GROUP BY 1, 2 HAVING count(*) > 1")
+    assert dupes == []
+    ran_on = {r["instance"] for r in query(dsn, "SELECT DISTINCT instance FROM shard_effect")}
+    assert ran_on == {str(a.instance_id), str(b.instance_id)}  # both instances took scope runs
+    hist = history(dsn, job)
+    # Each (scope, plan) has one history row; every scope run that ended succeeded.
+    keys = Counter((h["scope"], h["plan_time"]) for h in hist)
+    assert max(keys.values()) == 1
+    assert {h["outcome"] for h in hist if h["scope"]} <= {"success", "queued", "cancelled"}
+    assert all(h["result"] == {"scopes": 6} for h in hist if not h["scope"] and h["outcome"] == "success")
