@@ -58,11 +58,15 @@ class Dispatch(LoopState):
             self._hold_claims_until = time.monotonic() + 0.05
         if any(c.run is not None and c.run.scope for c in claimed):
             self.dirty = True  # more queued scope runs may be waiting: _next_due knows, the claim does not
+        self._launch_claimed(claimed, "claimed")
+
+    def _launch_claimed(self, claimed: list[Claimed], how: str) -> None:
+        """Hand each claimed (or taken-over) run to its worker; a run that cannot run disables its job."""
         self._match_owners(claimed)
         for c in claimed:
             worker = self.workers.get(c.worker_pid or -1)
             if c.run is None or worker is None:
-                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} claimed")
+                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} {how}")
                 self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
                 continue
             self._launch_run(worker, c.run)

@@ -91,15 +91,9 @@ class Recovery(Dispatch):
             self._terminate_abandoned_backend(a)
         claimed = self.store.take_over(self.instance_id, [(a.run_id, a.lease_token or 0) for a in taking],
                                        [(w.pid, w.backend_pid or 0) for w in idle[:len(taking)]])
-        self._match_owners(claimed)
         for c in claimed:
             log.warning("run %s of job %s: taken over as a new attempt (allow_stale_reentry)", c.run_id, c.job_id)
-            worker = self.workers.get(c.worker_pid or -1)
-            if c.run is None or worker is None:
-                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} taken over")
-                self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
-                continue
-            self._launch_run(worker, c.run)
+        self._launch_claimed(claimed, "taken over")
         return [a for a in found if a not in reentry]
 
     def _close_abandoned(self, found: list[Abandoned], *, startup: bool) -> None:

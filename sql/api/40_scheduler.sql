@@ -32,6 +32,20 @@ SELECT pgsched._drop_functions(ARRAY[
     '_terminate_run_backend',
     '_unplanned']);
 
+-- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
+-- and what pgsched._job_launch says about the job.
+DROP TYPE IF EXISTS pgsched._launch_row;
+CREATE TYPE pgsched._launch_row AS (
+    run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
+    lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
+    consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name, proc_name name,
+    is_procedure boolean, command text, code_module text, code_function text, config jsonb, schedule text,
+    months integer, days integer, micros bigint, fixed_schedule boolean, initial_start timestamptz,
+    timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
+    catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
+    schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
+    db_now timestamptz);
+
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
 -- _take_over. A view, so that it is inlined into their queries (a function with a
 -- pinned search_path would be called once per row).
@@ -76,20 +90,11 @@ SELECT j.job_id, j.job_name, j.kind,
 -- no run of that scope in progress is claimable.
 CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
                                           ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
-RETURNS TABLE (run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz,
-               started_at timestamptz, lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
-               consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
-               proc_name name, is_procedure boolean, command text, code_module text, code_function text,
-               config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
-               initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
-               retry_period_s double precision, catch_up text, catch_up_window_s double precision,
-               max_plans_per_tick integer, schedule_delay_s double precision, allow_stale_reentry boolean,
-               scope_query text, next_due timestamptz, db_now timestamptz)
+RETURNS SETOF pgsched._launch_row
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 -- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
 -- function would plan the whole query again on every claim.
-#variable_conflict use_column
 BEGIN
     RETURN QUERY
     WITH due AS (
@@ -401,15 +406,7 @@ $$;
 -- a crash; the new one is counted in advance like any start (see 20_runs.sql).
 CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
                                               worker_pids integer[], backend_pids integer[])
-RETURNS TABLE (run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz,
-               started_at timestamptz, lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
-               consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name,
-               proc_name name, is_procedure boolean, command text, code_module text, code_function text,
-               config jsonb, schedule text, months integer, days integer, micros bigint, fixed_schedule boolean,
-               initial_start timestamptz, timezone text, max_runtime_s double precision, max_retries integer,
-               retry_period_s double precision, catch_up text, catch_up_window_s double precision,
-               max_plans_per_tick integer, schedule_delay_s double precision, allow_stale_reentry boolean,
-               scope_query text, next_due timestamptz, db_now timestamptz)
+RETURNS SETOF pgsched._launch_row
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH t AS (

@@ -117,13 +117,15 @@ def test_all_without_limits_replays_every_missed_plan(db: str, hits: Conn) -> No
 
 def test_none_runs_no_late_plan(db: str, hits: Conn) -> None:
     job, first = behind_job(hits, ", catch_up => 'none'")
+    t0 = one(hits, "SELECT now()")
     deadline = time.monotonic() + 2.0
     serve(db, lambda: time.monotonic() > deadline, timeout=10)
-    assert ran(hits, job) == []
+    # No late plan ran (a plan that came due during the test, on time, may have).
+    assert [p for p in ran(hits, job) if p <= t0] == []
     gone = covered(missed(hits, job))
-    assert gone[0] == first and len(gone) >= 11
+    assert gone[0] == first and len(gone) >= 11 and gone[-1] <= t0
     nxt = one(hits, "SELECT next_start FROM pgsched.job_stats WHERE job_id = %s", job)
-    assert nxt == gone[-1] + MINUTE and nxt > one(hits, "SELECT now()")
+    assert nxt > t0 and (nxt == gone[-1] + MINUTE or ran(hits, job))
     assert total_missed(hits, job) == len(gone)
 
 
