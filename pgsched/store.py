@@ -101,7 +101,6 @@ class Abandoned:
     lease_token: int | None
     cause: str  # stopped | gone | stale | session | lost
     holder: str | None
-    backend_pid: int | None
     orphan_app: str
     orphan_pid: int | None  # a backend still running it
     reentry: bool  # allow_stale_reentry: may be taken over rather than closed
@@ -210,13 +209,14 @@ class Store:
         abandoned runs of others.
         """
         rows = self._execute(
-            "SELECT * FROM pgsched._heartbeat(%s, %s, %s, %s, %s, %s)",
-            (instance_id, max_workers, dead_after, grace, [r for r, _ in held], [t for _, t in held]),
+            """SELECT h.lost, h.db_now, a.*
+                 FROM pgsched._heartbeat(%s, %s, %s, %s) AS h
+                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s, %s) AS a ON true""",
+            (instance_id, max_workers, [r for r, _ in held], [t for _, t in held],
+             instance_id, dead_after, grace, [r for r, _ in held]),
         ).fetchall()
-        if rows and rows[0]["db_now"]:
-            self._anchor(rows[0]["db_now"])
-        lost = [int(r["run_id"]) for r in rows if r["lost"]]
-        return lost, [_abandoned_from_row(r) for r in rows if r["lost"] is False]
+        self._anchor(rows[0]["db_now"])
+        return list(rows[0]["lost"]), [_abandoned_from_row(r) for r in rows if r["run_id"] is not None]
 
     def deploy(self, modules: Sequence[str], specs: Sequence[dict[str, Any]]) -> list[tuple[int, str, str]]:
         """Write the code jobs of `modules` to the catalog (see 60_code_jobs.sql): (job_id, name, action)."""
@@ -457,7 +457,7 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         problem = f"invalid schedule in the catalog: {e}"
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"], lease_token=row["lease_token"],
-        cause=row["cause"], holder=row["holder"], backend_pid=row["backend_pid"], orphan_app=row["orphan_app"],
+        cause=row["cause"], holder=row["holder"], orphan_app=row["orphan_app"],
         orphan_pid=row["orphan_pid"], reentry=bool(row["allow_stale_reentry"]),
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
         retry_period=timedelta(seconds=row["retry_period_s"]),

@@ -20,6 +20,15 @@ BEGIN
 END
 $$;
 
+-- A schedule_delay as elapsed time ('1 day' = 24 hours whatever the session's time zone),
+-- the way the scheduler adds it (pgsched/state.py): next_start = plan time + this.
+-- _claim writes the same expression out, to stay inlined.
+CREATE OR REPLACE FUNCTION pgsched._as_elapsed(delay interval)
+RETURNS interval LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.make_interval(secs => extract(epoch FROM delay))
+$$;
+
 -- Raised for bad API input: one place decides the SQLSTATE and the message shape
 -- ("<argument>: <what is wrong>; expected <accepted form>").
 CREATE OR REPLACE FUNCTION pgsched._bad_arg(argument text, problem text, expected text,

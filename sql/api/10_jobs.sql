@@ -240,7 +240,7 @@ BEGIN
     -- next_start is when the first plan becomes eligible (see the top of this file).
     UPDATE pgsched.job_stat s
        SET next_start = pgsched._first_start(btrim(schedule), iv, fixed_schedule, initial_start, timezone)
-                        + pg_catalog.make_interval(secs => extract(epoch FROM _insert_job.schedule_delay))
+                        + pgsched._as_elapsed(_insert_job.schedule_delay)
      WHERE s.job_id = id;
     RETURN id;
 END
@@ -439,13 +439,13 @@ BEGIN
     ELSIF reschedule THEN
         UPDATE pgsched.job_stat s
            SET next_start = pgsched._first_start(j.schedule, iv, j.fixed_schedule, j.initial_start, j.timezone)
-                            + pg_catalog.make_interval(secs => extract(epoch FROM j.schedule_delay))
+                            + pgsched._as_elapsed(j.schedule_delay)
          WHERE s.job_id = j.job_id;
     ELSIF j.schedule_delay <> old_delay THEN
         -- Same plan, another delay: it becomes eligible (new - old) later (or earlier).
         UPDATE pgsched.job_stat s
-           SET next_start = s.next_start + pg_catalog.make_interval(
-                   secs => extract(epoch FROM j.schedule_delay) - extract(epoch FROM old_delay))
+           SET next_start = s.next_start + pgsched._as_elapsed(j.schedule_delay)
+                            - pgsched._as_elapsed(old_delay)
          WHERE s.job_id = j.job_id AND s.next_start IS NOT NULL;
     END IF;
 
@@ -549,7 +549,7 @@ BEGIN
      WHERE j.job_id = id;
     UPDATE pgsched.job_stat s
        SET next_start = pgsched._first_start(btrim(schedule.schedule), iv, true, NULL, NULL)
-                        + pg_catalog.make_interval(secs => extract(epoch FROM cur.schedule_delay))
+                        + pgsched._as_elapsed(cur.schedule_delay)
      WHERE s.job_id = id AND s.state <> 'disabled';
     RETURN id;
 END

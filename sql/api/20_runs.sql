@@ -52,8 +52,10 @@ END
 $$;
 
 -- Close a run. Returns false when the run was already closed (by a scheduler
--- that found it crashed, or because the job was deleted): then nothing changes,
--- so an outcome is never recorded twice.
+-- that found it crashed, or because the job was deleted), or when lease_token is
+-- given and the run no longer carries it (another scheduler took it over): then
+-- nothing changes, so an outcome is never recorded twice. The check is made under
+-- the run's row lock, which the close keeps until it commits.
 -- outcome: success | failure | timeout | crash | cancelled.
 -- next_start NULL keeps the stored next_start (manual runs do not move the schedule).
 CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
@@ -61,7 +63,8 @@ CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlsta
                                              finished_at timestamptz DEFAULT clock_timestamp(),
                                              disable_reason text DEFAULT NULL,
                                              rows_affected bigint DEFAULT NULL,
-                                             result jsonb DEFAULT NULL)
+                                             result jsonb DEFAULT NULL,
+                                             lease_token bigint DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -76,7 +79,8 @@ BEGIN
                                  'one of success, failure, timeout, crash, cancelled');
     END IF;
     SELECT * INTO r FROM pgsched.job_run jr WHERE jr.run_id = _mark_end.run_id FOR UPDATE;
-    IF NOT FOUND OR r.outcome <> 'running' THEN
+    IF NOT FOUND OR r.outcome <> 'running'
+       OR (_mark_end.lease_token IS NOT NULL AND r.lease_token IS DISTINCT FROM _mark_end.lease_token) THEN
         RETURN false;
     END IF;
     -- One clock stamps a run; never let a finish precede its start.

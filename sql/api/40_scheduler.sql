@@ -32,6 +32,17 @@ SELECT pgsched._drop_functions(ARRAY[
     '_terminate_run_backend',
     '_unplanned']);
 
+-- Queued scope runs a scheduler may claim: of a scheduled job, and the oldest queued
+-- run of their (job, scope) with no run of that scope in progress (a scope runs one plan
+-- at a time). Read by _claim and _next_due; a view, so it is inlined into both.
+CREATE OR REPLACE VIEW pgsched._claimable_scope_runs AS
+SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
+  FROM pgsched.job_run q JOIN pgsched.job j ON j.job_id = q.job_id
+ WHERE q.outcome = 'queued' AND j.scheduled
+   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                    WHERE o.job_id = q.job_id AND o.scope = q.scope
+                      AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
+
 -- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
 -- and what pgsched._job_launch says about the job.
 DROP TYPE IF EXISTS pgsched._launch_row;
@@ -86,8 +97,7 @@ SELECT j.job_id, j.job_name, j.kind,
 -- `ahead` claims runs due within that much time: the scheduler hands them to a
 -- worker that waits for the start time, so the claim's own latency does not delay
 -- the start. Such a run's started_at is its start time.
--- A scope runs one plan at a time: only the oldest queued run of a (job, scope) with
--- no run of that scope in progress is claimable.
+-- Which queued scope runs are claimable: pgsched._claimable_scope_runs.
 CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
                                           ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
 RETURNS SETOF pgsched._launch_row
@@ -112,12 +122,10 @@ BEGIN
                    FOR UPDATE OF s SKIP LOCKED) s
     ), queued AS (
         SELECT q.run_id, (SELECT count(*) FROM due) + row_number() OVER (ORDER BY q.plan_time, q.run_id) AS n
-          FROM (SELECT q.run_id, q.plan_time FROM pgsched.job_run q JOIN pgsched.job jq ON jq.job_id = q.job_id
-                 WHERE q.outcome = 'queued' AND jq.scheduled
-                   AND (jq.kind <> 'python' OR jq.code_module = ANY (code_modules))
-                   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
-                                    WHERE o.job_id = q.job_id AND o.scope = q.scope
-                                      AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)))
+          FROM (SELECT q.run_id, q.plan_time FROM pgsched.job_run q
+                 WHERE q.outcome = 'queued'
+                   AND q.run_id IN (SELECT c.run_id FROM pgsched._claimable_scope_runs c
+                                     WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules))
                  ORDER BY q.plan_time, q.run_id
                  LIMIT greatest(cardinality(worker_pids) - (SELECT count(*) FROM due), 0)
                    FOR UPDATE OF q SKIP LOCKED) q
@@ -192,7 +200,8 @@ RETURNS TABLE (job_id integer, schedule text, months integer, days integer, micr
                fixed_schedule boolean, initial_start timestamptz, timezone text, infinite boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
+    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule,
+           CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
            j.timezone, s.next_start IS NOT NULL
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
@@ -223,14 +232,9 @@ SET search_path = pg_catalog, pg_temp AS $$
                    WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
                      AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
                    ORDER BY s.next_start LIMIT 1),
-                 -- Claimable queued scope runs are due now (see _claim).
-                 (SELECT now() FROM pgsched.job_run q JOIN pgsched.job jq ON jq.job_id = q.job_id
-                   WHERE q.outcome = 'queued' AND jq.scheduled
-                     AND (jq.kind <> 'python' OR jq.code_module = ANY (code_modules))
-                     AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
-                                      WHERE o.job_id = q.job_id AND o.scope = q.scope
-                                        AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)))
-                   LIMIT 1)),
+                 -- Claimable queued scope runs are due now.
+                 (SELECT now() FROM pgsched._claimable_scope_runs c
+                   WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules) LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))),
            clock_timestamp()
@@ -308,16 +312,17 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, grace interval,
                                                    held bigint[])
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
-               holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
+               holder text, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
                consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
                fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
                schedule_delay_s double precision, after_restart boolean, scope text, code_module text)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT a.run_id, a.job_id, a.plan_time, a.lease_token, a.cause, a.holder, a.backend_pid, a.app,
+    SELECT a.run_id, a.job_id, a.plan_time, a.lease_token, a.cause, a.holder, a.app,
            (SELECT sa.pid FROM pg_catalog.pg_stat_activity sa WHERE sa.application_name = a.app LIMIT 1),
-           v.allow_stale_reentry AND a.trigger <> 'manual' AND s.state <> 'disabled', s.consecutive_crashes, v.schedule, v.months,
-           v.days, v.micros, v.fixed_schedule, v.initial_start, v.timezone, v.retry_period_s, v.schedule_delay_s,
+           v.allow_stale_reentry AND a.trigger <> 'manual' AND s.state <> 'disabled', s.consecutive_crashes,
+           v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start, v.timezone,
+           v.retry_period_s, v.schedule_delay_s,
            -- after_restart: no scheduler saw the run's holder die. Its holder stopped heartbeating
            -- before we started, and no other live scheduler is there (not us, not the holder).
            -- Only then is it a restart, whose crash wait applies; otherwise it is a failover.
@@ -350,24 +355,17 @@ SET search_path = pg_catalog, pg_temp AS $$
      WHERE a.cause IS NOT NULL
 $$;
 
--- One statement per heartbeat: renew this instance's heartbeat and the leases of the
--- runs it holds (run_id, lease_token pairs), then report (lost = true) the held runs
--- whose lease is no longer ours (closed or taken over by another scheduler, which
--- found it stale) and (lost = false) the runs of others that nobody will finish
--- (_abandoned_runs).
-CREATE OR REPLACE FUNCTION pgsched._heartbeat(instance_id bigint, max_workers integer, dead_after interval,
-                                              grace interval, held bigint[], tokens bigint[])
-RETURNS TABLE (lost boolean, run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
-               holder text, backend_pid integer, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
-               consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
-               fixed_schedule boolean, initial_start timestamptz, timezone text, retry_period_s double precision,
-               schedule_delay_s double precision, after_restart boolean, scope text, code_module text,
-               db_now timestamptz)
+-- A heartbeat: renew this instance's heartbeat and the leases of the runs it holds
+-- (run_id, lease_token pairs); returns the held runs whose lease is no longer ours
+-- (closed, or taken over by another scheduler that found it stale) and the database
+-- time. The scheduler asks _abandoned_runs in the same statement (pgsched/store.py).
+CREATE OR REPLACE FUNCTION pgsched._heartbeat(instance_id bigint, max_workers integer, held bigint[],
+                                              tokens bigint[])
+RETURNS TABLE (lost bigint[], db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
 DECLARE
-    beat timestamptz := pgsched._instance_heartbeat(instance_id, max_workers);
+    beat timestamptz := pgsched._instance_heartbeat(_heartbeat.instance_id, _heartbeat.max_workers);
 BEGIN
     -- A row locked by someone's open transaction (a DELETE of the job, say) is skipped, not
     -- waited for: the loop must not freeze on it, and it is renewed at the next heartbeat.
@@ -376,26 +374,13 @@ BEGIN
                           JOIN unnest(held, tokens) AS h(run_id, token) ON h.run_id = l.run_id
                          WHERE l.lease_token = h.token AND l.outcome = 'running'
                            FOR UPDATE OF l SKIP LOCKED);
+    -- Lost: closed, taken over (another token) or gone with its job. Read, not locked.
     RETURN QUERY
-    WITH h AS (SELECT * FROM unnest(held, tokens) AS h(run_id, token))
-    SELECT true, h.run_id, NULL::integer, NULL::timestamptz, h.token, NULL::text, NULL::text, NULL::integer,
-           NULL::text, NULL::integer, NULL::boolean, NULL::integer, NULL::text, NULL::integer, NULL::integer,
-           NULL::bigint, NULL::boolean, NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean,
-           NULL::text, NULL::text, beat
-      FROM h
-     -- Lost: closed, taken over (another token) or gone with its job. Read, not locked.
-     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run r
-                        WHERE r.run_id = h.run_id AND r.lease_token = h.token AND r.outcome = 'running');
-    RETURN QUERY
-    SELECT false, a.*, beat FROM pgsched._abandoned_runs(instance_id, dead_after, grace, held) a;
-    IF NOT FOUND THEN
-        -- Always one row, so that the caller reads the database time.
-        RETURN QUERY SELECT NULL::boolean, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::bigint,
-                            NULL::text, NULL::text, NULL::integer, NULL::text, NULL::integer, NULL::boolean,
-                            NULL::integer, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::boolean,
-                            NULL::timestamptz, NULL::text, NULL::float8, NULL::float8, NULL::boolean,
-                            NULL::text, NULL::text, beat;
-    END IF;
+    SELECT ARRAY(SELECT h.run_id FROM unnest(held, tokens) AS h(run_id, token)
+                  WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                                     WHERE r.run_id = h.run_id AND r.lease_token = h.token
+                                       AND r.outcome = 'running')),
+           beat;
 END
 $$;
 
@@ -541,7 +526,8 @@ BEGIN
                 UPDATE pgsched.job_run r
                    SET outcome = e->>'outcome', finished_at = (e->>'finished_at')::timestamptz,
                        message = left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)
-                 WHERE r.run_id = (e->>'run_id')::bigint AND r.outcome = 'running';
+                 WHERE r.run_id = (e->>'run_id')::bigint AND r.outcome = 'running'
+                   AND (e->>'lease_token' IS NULL OR r.lease_token = (e->>'lease_token')::bigint);
                 IF FOUND THEN
                     closed := closed || (e->>'run_id')::bigint;
                 END IF;
@@ -556,44 +542,41 @@ BEGIN
 END
 $$;
 
--- One run of _finish_runs' batch.
+-- One run of _finish_runs' batch: the close (_mark_end, fenced on the lease token the
+-- scheduler holds), then what it brings along: the pids that really ran it, the scope
+-- runs a scoped job's plan run queues, the skipped-slot record.
 CREATE OR REPLACE FUNCTION pgsched._finish_run(e jsonb)
 RETURNS boolean LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     rid bigint := (e->>'run_id')::bigint;
-    closed boolean;
-    next_start timestamptz;
+    run record;
+    next_start timestamptz := (e->>'next_start')::timestamptz;
+    queued_scopes boolean := jsonb_typeof(e->'scopes') = 'array';
 BEGIN
-    -- Fencing: a scheduler closes a run only while it holds the run's lease. The row lock
-    -- taken here stays until the close commits, so no takeover can slip in between.
-    IF e->>'lease_token' IS NOT NULL THEN
-        PERFORM 1 FROM pgsched.job_run r
-          WHERE r.run_id = rid AND r.lease_token = (e->>'lease_token')::bigint AND r.outcome = 'running'
-            FOR UPDATE;
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
+    SELECT r.job_id, r.scope, j.schedule_delay INTO run
+      FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
+     WHERE r.run_id = rid;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
+        -- The scheduler added the delay the run was claimed with; the job's may have changed since.
+        next_start := next_start + pg_catalog.make_interval(
+            secs => extract(epoch FROM run.schedule_delay) - (e->>'schedule_delay_s')::float8);
+    END IF;
+    IF NOT pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message', next_start,
+                             (e->>'finished_at')::timestamptz, e->>'disable_reason', (e->>'rows_affected')::bigint,
+                             nullif(e->'result', 'null'), (e->>'lease_token')::bigint) THEN
+        RETURN false;
     END IF;
     IF e->>'worker_pid' IS NOT NULL THEN
         -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
         UPDATE pgsched.job_run r
            SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
-         WHERE r.run_id = rid AND r.outcome = 'running';
-    END IF;
-    next_start := (e->>'next_start')::timestamptz;
-    IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
-        -- The scheduler added the delay the run was claimed with; the job's may have changed since.
-        SELECT next_start + pg_catalog.make_interval(
-                   secs => extract(epoch FROM j.schedule_delay) - (e->>'schedule_delay_s')::float8)
-          INTO next_start
-          FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
          WHERE r.run_id = rid;
     END IF;
-    closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message',
-                                next_start, (e->>'finished_at')::timestamptz,
-                                e->>'disable_reason', (e->>'rows_affected')::bigint, nullif(e->'result', 'null'));
-    IF closed AND jsonb_typeof(e->'scopes') = 'array' THEN
+    IF queued_scopes THEN
         -- A plan run of a scoped job ends by queuing one run per scope key it found, except for
         -- a scope whose run of an earlier plan is still queued: the queue never grows past one
         -- plan per scope, and the plans passed over are counted as skipped.
@@ -608,23 +591,19 @@ BEGIN
             RETURNING 1)
         UPDATE pgsched.job_stat st
            SET total_skipped = st.total_skipped + jsonb_array_length(e->'scopes') - (SELECT count(*) FROM q)
-          FROM pgsched.job_run r
-         WHERE r.run_id = rid AND st.job_id = r.job_id;
+         WHERE st.job_id = run.job_id;
     END IF;
-    IF closed AND (jsonb_typeof(e->'scopes') = 'array'
-                   OR EXISTS (SELECT 1 FROM pgsched.job_run r JOIN pgsched.job_run q
-                                ON q.job_id = r.job_id AND q.outcome = 'queued'
-                               WHERE r.run_id = rid AND r.scope <> '')) THEN
+    IF queued_scopes OR (run.scope <> '' AND EXISTS (SELECT 1 FROM pgsched.job_run q
+                                                      WHERE q.job_id = run.job_id AND q.outcome = 'queued')) THEN
         -- Queued scope runs became claimable: wake every scheduler (ours included), not
         -- only the ones that happen to have an idle worker at their next claim.
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
     END IF;
-    IF closed AND coalesce((e->>'skipped')::integer, 0) > 0
-       AND (SELECT r.scope FROM pgsched.job_run r WHERE r.run_id = rid) = '' THEN
+    IF run.scope = '' AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
         PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
                                         (e->>'skipped_last')::timestamptz);
     END IF;
-    RETURN closed;
+    RETURN true;
 END
 $$;
 

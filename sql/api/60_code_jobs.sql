@@ -63,7 +63,7 @@ BEGIN
             UPDATE pgsched.job_stat st
                SET next_start = pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
                                                      (s->>'initial_start')::timestamptz, s->>'timezone')
-                                + pg_catalog.make_interval(secs => extract(epoch FROM delay))
+                                + pgsched._as_elapsed(delay)
              WHERE st.job_id = id;
             job_id := id; job_name := s->>'job_name'; action := 'inserted';
             RETURN NEXT;
@@ -103,13 +103,13 @@ BEGIN
             IF schedule_changed THEN
                 new_start := pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
                                                   (s->>'initial_start')::timestamptz, s->>'timezone')
-                             + pg_catalog.make_interval(secs => extract(epoch FROM delay));
+                             + pgsched._as_elapsed(delay);
                 UPDATE pgsched.job_stat st SET next_start = new_start WHERE st.job_id = j.job_id;
             ELSIF delay <> j.schedule_delay THEN
                 -- Same plan, another delay: it becomes eligible (new - old) later (or earlier).
                 UPDATE pgsched.job_stat st
-                   SET next_start = st.next_start + pg_catalog.make_interval(
-                           secs => extract(epoch FROM delay) - extract(epoch FROM j.schedule_delay))
+                   SET next_start = st.next_start + pgsched._as_elapsed(delay)
+                                    - pgsched._as_elapsed(j.schedule_delay)
                  WHERE st.job_id = j.job_id AND st.next_start IS NOT NULL;
             END IF;
             job_id := j.job_id; job_name := j.job_name; action := 'updated';
