@@ -10,6 +10,7 @@ left in pg_stat_activity and the instances' own logs.
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgsched import __version__
 from pgsched.config import FILE_SETTINGS
 from tests.acceptance.conftest import Serve, ServeFactory, query, wait_for
 from tests.acceptance.test_serve import (
@@ -216,6 +218,11 @@ def test_kill_9_of_the_holder_fails_over_to_the_survivor(jobs_db: str, serve: Se
 
     alive = alive_by_instance(dsn)
     assert alive == {victim.instance_id: False, survivor.instance_id: True}, alive
+    view = query(dsn, "SELECT * FROM pgsched.instances WHERE instance_id = %s", (survivor.instance_id,))[0]
+    assert (view["host"], view["pid"], view["version"]) == (socket.gethostname(), survivor.pid, __version__)
+    assert view["started_at"] <= view["heartbeat_at"] and view["stopped_at"] is None
+    assert view["runs_in_progress"] == len(query(dsn, "SELECT 1 FROM pgsched.job_run WHERE instance_id = %s "
+                                                      "AND outcome = 'running'", (survivor.instance_id,)))
     assert survivor.proc.poll() is None
     # The ticker never crashed: only the long run was in progress on the victim.
     tick_runs = [h for h in history(dsn, ticker) if h["outcome"] != "skipped"]
