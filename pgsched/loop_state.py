@@ -41,6 +41,7 @@ class LoopState:
         self.next_due: datetime | None = None
         self.dirty = True
         self.stopping = False
+        self._peers_woken = False  # told the other instances that this one is stopping
         self.stop_deadline: float | None = None
         self.reload_requested = False
         self.reloader: Callable[[], Settings] | None = None

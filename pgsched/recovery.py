@@ -46,11 +46,18 @@ class Recovery(Dispatch):
         # start there is none: a holder whose session is gone now died before we came up, and
         # its runs are the ones a restart finds crashed (crash_wait applies, see _abandoned_finish).
         grace = timedelta(0) if startup else timedelta(seconds=self.settings.heartbeat_interval)
-        lost, found = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after, grace,
-                                           self._held())
+        beat = self.store.heartbeat(self.instance_id, self.settings.max_workers, self._dead_after, grace,
+                                    self._held())
         self._heartbeat_at = time.monotonic() + self.settings.heartbeat_interval
-        self._lose_runs(lost)
-        self._close_abandoned(self._take_over(found), startup=startup)
+        # Our peers' closes and claims send no NOTIFY (that would be a wake-up per run at full
+        # throughput): a job a peer left due (it died between runs, or all its workers are busy)
+        # is learnt here, one heartbeat at most after it came due.
+        if beat.next_due is not None and (self.next_due is None or beat.next_due < self.next_due):
+            self.next_due = beat.next_due
+        if beat.unplanned:
+            self.dirty = True
+        self._lose_runs(beat.lost)
+        self._close_abandoned(self._take_over(beat.abandoned), startup=startup)
 
     def _lose_runs(self, lost: list[int]) -> None:
         """Runs whose lease is no longer ours (found stale and closed or taken over by another

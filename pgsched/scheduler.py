@@ -104,6 +104,10 @@ class Scheduler(Recovery):
                     return
                 # Promoted: go on with this round (workers, plan, claims) instead of
                 # sleeping until the next heartbeat first.
+            if self.stopping and not self._peers_woken:
+                # Jobs this instance no longer claims go to the others now, not at their next heartbeat.
+                self._peers_woken = True
+                self.store.wake_peers()
             if self.store.drain_notifies():
                 self.dirty = True
                 self._cancel_deleted_runs()

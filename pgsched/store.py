@@ -115,6 +115,16 @@ class Abandoned:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """What one heartbeat statement returns."""
+
+    lost: list[int]  # runs held here whose lease another scheduler took
+    abandoned: list[Abandoned]  # others' runs nobody will finish
+    next_due: datetime | None  # the earliest next start of a claimable job (pgsched._next_due)
+    unplanned: bool  # some scheduled job has no next start yet
+
+
+@dataclass(frozen=True)
 class Behind:
     """A job whose next plan is overdue (pgsched._behind), with what catch-up needs."""
 
@@ -201,22 +211,27 @@ class Store:
         return int(row["instance_id"])
 
     def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta, grace: timedelta,
-                  held: Sequence[tuple[int, int]]) -> tuple[list[int], list[Abandoned]]:
+                  held: Sequence[tuple[int, int]]) -> Heartbeat:
         """Renew this instance's heartbeat and its runs' leases; one statement (pgsched._heartbeat).
 
         `held` are (run_id, lease_token) of the runs this process has in hand (running, or
-        ended but not yet written). Returns the held runs whose lease is lost, and the
-        abandoned runs of others.
+        ended but not yet written). Returns the held runs whose lease is lost, the abandoned
+        runs of others, and when the next job is due (pgsched._next_due): a peer's claims and
+        closes move next starts without a NOTIFY, so this is how an instance learns, within one
+        heartbeat, that work a dead or saturated peer would have done is due.
         """
         rows = self._execute(
-            """SELECT h.lost, h.db_now, a.*
+            """SELECT h.lost, h.db_now, n.next_due AS next_job_due, n.unplanned, a.*
                  FROM pgsched._heartbeat(%s, %s, %s, %s) AS h
+                 CROSS JOIN pgsched._next_due(%s) AS n
                  LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s, %s) AS a ON true""",
-            (instance_id, max_workers, [r for r, _ in held], [t for _, t in held],
+            (instance_id, max_workers, [r for r, _ in held], [t for _, t in held], self.code_modules,
              instance_id, dead_after, grace, [r for r, _ in held]),
         ).fetchall()
         self._anchor(rows[0]["db_now"])
-        return list(rows[0]["lost"]), [_abandoned_from_row(r) for r in rows if r["run_id"] is not None]
+        return Heartbeat(lost=list(rows[0]["lost"]),
+                         abandoned=[_abandoned_from_row(r) for r in rows if r["run_id"] is not None],
+                         next_due=rows[0]["next_job_due"], unplanned=bool(rows[0]["unplanned"]))
 
     def deploy(self, modules: Sequence[str], specs: Sequence[dict[str, Any]]) -> list[tuple[int, str, str]]:
         """Write the code jobs of `modules` to the catalog (see 60_code_jobs.sql): (job_id, name, action)."""
@@ -225,6 +240,10 @@ class Store:
 
     def stop_instance(self, instance_id: int) -> None:
         self._execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
+
+    def wake_peers(self) -> None:
+        """Wake every scheduler on this database to re-read the catalog (this one is stopping)."""
+        self._execute("SELECT pg_catalog.pg_notify(%s, 'instance:stopping')", (CHANNEL,))
 
     # -- notifications -------------------------------------------------------------
     def _on_notify(self, _n: psycopg.Notify) -> None:
