@@ -392,6 +392,64 @@ CREATE OR REPLACE TRIGGER job_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCAT
 CREATE OR REPLACE TRIGGER job_stat_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgsched.job_stat
     FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change();
 
+-- A job's state machine (TimescaleDB's), the one definition of it:
+--     scheduled -> starting -> scheduled                 a run started and ended
+--                  starting -> terminating -> scheduled  a run was cancelled (timeout, shutdown)
+--     scheduled | starting | terminating -> disabled     paused, max_retries, a job that cannot run
+--     disabled -> scheduled                              resumed
+-- A new job_stat row (from_state NULL) begins scheduled or disabled; writing the
+-- state a row already has is no transition. pgsched/state.py's ALLOWED mirrors this
+-- table for reading, and a test checks that the two agree.
+-- A SQL-standard body without SET, so that it is inlined where it is called.
+CREATE OR REPLACE FUNCTION pgsched._state_allowed(from_state text, to_state text)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN coalesce(from_state = to_state
+                OR (coalesce(from_state, 'new'), to_state) IN (
+                    ('new', 'scheduled'), ('new', 'disabled'),
+                    ('scheduled', 'starting'), ('scheduled', 'disabled'),
+                    ('starting', 'scheduled'), ('starting', 'terminating'), ('starting', 'disabled'),
+                    ('terminating', 'scheduled'), ('terminating', 'disabled'),
+                    ('disabled', 'scheduled')),
+                false);
+
+-- Every write of job_stat.state, by this API or by hand, passes the table above; this
+-- refuses the rest, naming the job, both states and where the job may go instead.
+CREATE OR REPLACE FUNCTION pgsched._check_state_change()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    from_state text;
+    allowed text;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        from_state := OLD.state;
+    END IF;
+    -- NULL is the NOT NULL constraint's to refuse, with its own error.
+    IF NEW.state IS NULL OR pgsched._state_allowed(from_state, NEW.state) THEN
+        RETURN NEW;
+    END IF;
+    -- The states: job_stat's CHECK constraint (0001_catalog.sql).
+    SELECT string_agg(t.s, ', ' ORDER BY t.n) INTO allowed
+      FROM unnest(ARRAY['scheduled', 'starting', 'terminating', 'disabled']) WITH ORDINALITY AS t(s, n)
+     WHERE t.s IS DISTINCT FROM from_state AND pgsched._state_allowed(from_state, t.s);
+    RAISE EXCEPTION USING ERRCODE = '55000',
+        MESSAGE = CASE WHEN from_state IS NULL
+                       THEN format('job %s cannot begin in state %s', NEW.job_id, NEW.state)
+                       ELSE format('job %s cannot go from state %s to %s', NEW.job_id, from_state, NEW.state) END,
+        DETAIL = CASE WHEN from_state IS NULL THEN format('a job begins %s', allowed)
+                      ELSE format('from %s a job goes to %s', from_state, allowed) END,
+        HINT = 'a job''s state follows its runs and its scheduled flag: pause or resume it with '
+               || 'alter_job(job_id, scheduled => ...)';
+END
+$$;
+
+-- An update that leaves the state as it is (most writes of job_stat) does not call it: a
+-- trigger's WHEN is prepared for every statement, so it is kept to this one comparison.
+CREATE OR REPLACE TRIGGER job_stat_state_insert BEFORE INSERT ON pgsched.job_stat
+    FOR EACH ROW EXECUTE FUNCTION pgsched._check_state_change();
+CREATE OR REPLACE TRIGGER job_stat_state_update BEFORE UPDATE OF state ON pgsched.job_stat
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION pgsched._check_state_change();
+
 -- A job row always has its job_stat row, whether it came through add_job or
 -- direct DML; pausing and resuming are reflected in the state.
 -- SECURITY DEFINER: other roles may not write job_stat (0002_security.sql), but
@@ -407,9 +465,15 @@ BEGIN
         ON CONFLICT (job_id) DO NOTHING;
     ELSIF NEW.scheduled IS DISTINCT FROM OLD.scheduled THEN
         IF NEW.scheduled THEN
-            -- Re-enabling forgives past failures (TimescaleDB does the same).
+            -- Re-enabling forgives past failures (TimescaleDB does the same). A paused job
+            -- being run by hand stays disabled until that run ends (its close then moves it
+            -- to scheduled): scheduled now would let a scheduler start it a second time.
             UPDATE pgsched.job_stat
-               SET state = CASE WHEN state = 'disabled' THEN 'scheduled' ELSE state END,
+               SET state = CASE WHEN state = 'disabled'
+                                     AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                                                      WHERE r.run_id = job_stat.current_run_id
+                                                        AND r.outcome = 'running')
+                                THEN 'scheduled' ELSE state END,
                    consecutive_failures = 0, disabled_reason = NULL
              WHERE job_stat.job_id = NEW.job_id;
         ELSE

@@ -31,7 +31,10 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM pgsched._job_not_found(_mark_start.job_id);
     END IF;
-    IF st.state IN ('starting', 'terminating') THEN
+    -- A run in progress: its job is starting or terminating, or, paused and run by hand
+    -- (see below), disabled with its current run still open.
+    IF st.state IN ('starting', 'terminating')
+       OR EXISTS (SELECT 1 FROM pgsched.job_run r WHERE r.run_id = st.current_run_id AND r.outcome = 'running') THEN
         RAISE EXCEPTION USING ERRCODE = '55006',
             MESSAGE = format('job %s is already running (run %s)', _mark_start.job_id, st.current_run_id),
             HINT = 'wait for the run to end (see pgsched.job_stats), then try again';
@@ -42,8 +45,11 @@ BEGIN
             _mark_start.worker_pid, _mark_start.backend_pid, _mark_start.instance_id, _mark_start.lease_token,
             _mark_start.started_at)
     RETURNING run_id INTO rid;
+    -- A paused job run by hand (run_job, `pgsched run`) stays disabled: the state machine
+    -- has no disabled -> starting, and its scheduled flag is what a scheduler goes by.
     UPDATE pgsched.job_stat s
-       SET state = 'starting', current_run_id = rid, last_start = _mark_start.started_at,
+       SET state = CASE WHEN s.state = 'disabled' THEN s.state ELSE 'starting' END,
+           current_run_id = rid, last_start = _mark_start.started_at,
            total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
            consecutive_crashes = s.consecutive_crashes + 1
      WHERE s.job_id = _mark_start.job_id;

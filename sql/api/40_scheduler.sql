@@ -390,7 +390,9 @@ $$;
 -- same plan, run again as its next attempt under a new lease, by this instance's idle
 -- workers. Fenced on the old lease token: if the holder came back and closed it, or
 -- another instance took it first, nothing happens. The lost attempt stays counted as
--- a crash; the new one is counted in advance like any start (see 20_runs.sql).
+-- a crash; the new one is counted in advance like any start (see 20_runs.sql). The job
+-- keeps its state (starting, or terminating if its holder was cancelling the run: the
+-- attempt ends like the one it replaces); only a job found scheduled becomes starting.
 CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
                                               worker_pids integer[], backend_pids integer[])
 RETURNS SETOF pgsched._launch_row
@@ -409,7 +411,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                   r.backend_pid
     ), s AS (
         UPDATE pgsched.job_stat s
-           SET state = CASE WHEN c.plan_run IS NULL THEN s.state ELSE 'starting' END,
+           SET state = CASE WHEN c.plan_run IS NOT NULL AND s.state = 'scheduled' THEN 'starting' ELSE s.state END,
                current_run_id = coalesce(c.plan_run, s.current_run_id), last_start = c.started_at,
                total_runs = s.total_runs + c.n, total_crashes = s.total_crashes + c.n,
                consecutive_crashes = s.consecutive_crashes + (c.plan_run IS NOT NULL)::integer

@@ -27,7 +27,10 @@ DECLARE
         -- PL/Python schedule code behind _check_schedule_exact, _first_start and next_runs
         '_ts_micros', '_micros_ts', '_py_check_cron', '_py_first_start', '_py_next_runs',
         -- trigger functions (only callable as triggers anyway)
-        '_notify_change', '_job_row_change', '_touch_updated_at', '_derive_schedule_interval'];
+        '_notify_change', '_job_row_change', '_touch_updated_at', '_derive_schedule_interval',
+        '_check_state_change',
+        -- the state table, evaluated with the rights of whoever writes job_stat.state (00_internal.sql)
+        '_state_allowed'];
     f record;
 BEGIN
     FOR f IN
