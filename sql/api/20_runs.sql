@@ -64,13 +64,18 @@ $$;
 -- the run's row lock, which the close keeps until it commits.
 -- outcome: success | failure | timeout | crash | cancelled.
 -- next_start NULL keeps the stored next_start (manual runs do not move the schedule).
+-- The end of a plan run also decides its job's state: disabled when disable_reason is
+-- given or the job was paused meanwhile, else scheduled. This is the only place a run
+-- ends; counters = false closes it without touching the job's counters and times,
+-- for _finish_runs' fallback when they cannot be updated (absurd values written by hand).
 CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
                                              next_start timestamptz,
                                              finished_at timestamptz DEFAULT clock_timestamp(),
                                              disable_reason text DEFAULT NULL,
                                              rows_affected bigint DEFAULT NULL,
                                              result jsonb DEFAULT NULL,
-                                             lease_token bigint DEFAULT NULL)
+                                             lease_token bigint DEFAULT NULL,
+                                             counters boolean DEFAULT true)
 RETURNS boolean LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -79,6 +84,7 @@ DECLARE
     failed boolean := _mark_end.outcome IN ('failure', 'timeout');
     crashed boolean := _mark_end.outcome = 'crash';
     fin timestamptz;
+    new_state text;
 BEGIN
     IF outcome NOT IN ('success', 'failure', 'timeout', 'crash', 'cancelled') THEN
         PERFORM pgsched._bad_arg('outcome', quote_literal(outcome),
@@ -97,34 +103,45 @@ BEGIN
      WHERE jr.run_id = _mark_end.run_id;
     IF r.scope <> '' THEN
         -- A scope run counts in the totals; the job's state and next start belong to its plan run.
-        UPDATE pgsched.job_stat s
-           SET last_finish = greatest(s.last_finish, fin),
-               last_successful_finish = CASE WHEN ok THEN greatest(s.last_successful_finish, fin)
-                                             ELSE s.last_successful_finish END,
-               total_successes = s.total_successes + ok::int,
-               total_failures = s.total_failures + failed::int,
-               total_crashes = s.total_crashes - (NOT crashed)::int
-         WHERE s.job_id = r.job_id;
+        IF counters THEN
+            UPDATE pgsched.job_stat s
+               SET last_finish = greatest(s.last_finish, fin),
+                   last_successful_finish = CASE WHEN ok THEN greatest(s.last_successful_finish, fin)
+                                                 ELSE s.last_successful_finish END,
+                   total_successes = s.total_successes + ok::int,
+                   total_failures = s.total_failures + failed::int,
+                   total_crashes = s.total_crashes - (NOT crashed)::int
+             WHERE s.job_id = r.job_id;
+        END IF;
         RETURN true;
     END IF;
-    UPDATE pgsched.job_stat s
-       SET state = CASE WHEN _mark_end.disable_reason IS NOT NULL
-                             OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
-                        THEN 'disabled' ELSE 'scheduled' END,
-           disabled_reason = coalesce(_mark_end.disable_reason, s.disabled_reason),
-           current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END,
-           last_finish = fin,
-           last_run_success = ok,
-           last_successful_finish = CASE WHEN ok THEN fin ELSE s.last_successful_finish END,
-           last_run_duration = fin - r.started_at,
-           total_successes = s.total_successes + ok::int,
-           total_failures = s.total_failures + failed::int,
-           total_crashes = s.total_crashes - (NOT crashed)::int,
-           consecutive_crashes = CASE WHEN crashed THEN s.consecutive_crashes ELSE 0 END,
-           consecutive_failures = CASE WHEN ok THEN 0 WHEN failed THEN s.consecutive_failures + 1
-                                       ELSE s.consecutive_failures END,
-           next_start = coalesce(_mark_end.next_start, s.next_start)
-     WHERE s.job_id = r.job_id;
+    new_state := CASE WHEN _mark_end.disable_reason IS NOT NULL
+                           OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
+                      THEN 'disabled' ELSE 'scheduled' END;
+    IF counters THEN
+        UPDATE pgsched.job_stat s
+           SET state = new_state,
+               disabled_reason = coalesce(_mark_end.disable_reason, s.disabled_reason),
+               current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END,
+               last_finish = fin,
+               last_run_success = ok,
+               last_successful_finish = CASE WHEN ok THEN fin ELSE s.last_successful_finish END,
+               last_run_duration = fin - r.started_at,
+               total_successes = s.total_successes + ok::int,
+               total_failures = s.total_failures + failed::int,
+               total_crashes = s.total_crashes - (NOT crashed)::int,
+               consecutive_crashes = CASE WHEN crashed THEN s.consecutive_crashes ELSE 0 END,
+               consecutive_failures = CASE WHEN ok THEN 0 WHEN failed THEN s.consecutive_failures + 1
+                                           ELSE s.consecutive_failures END,
+               next_start = coalesce(_mark_end.next_start, s.next_start)
+         WHERE s.job_id = r.job_id;
+    ELSE
+        UPDATE pgsched.job_stat s
+           SET state = new_state,
+               disabled_reason = coalesce(_mark_end.disable_reason, s.disabled_reason),
+               current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END
+         WHERE s.job_id = r.job_id;
+    END IF;
     IF _mark_end.disable_reason IS NOT NULL THEN
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = r.job_id;
     END IF;

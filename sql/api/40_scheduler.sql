@@ -16,6 +16,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_behind',
     '_catch_up',
     '_claim',
+    '_close_runs',
     '_disable_job',
     '_finish_run',
     '_finish_runs',
@@ -44,7 +45,7 @@ SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
                       AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
 
 -- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
--- and what pgsched._job_launch says about the job.
+-- what pgsched._job_launch says about the job, and the job's state after the claim.
 DROP TYPE IF EXISTS pgsched._launch_row;
 CREATE TYPE pgsched._launch_row AS (
     run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
@@ -55,7 +56,7 @@ CREATE TYPE pgsched._launch_row AS (
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz);
+    db_now timestamptz, job_state text);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
 -- _take_over. A view, so that it is inlined into their queries (a function with a
@@ -164,7 +165,7 @@ BEGIN
                        max(c.started_at) AS started_at
                   FROM claimed c GROUP BY c.job_id) c
          WHERE s.job_id = c.job_id
-        RETURNING s.job_id
+        RETURNING s.job_id, s.state
     ), conflicted AS (
         UPDATE pgsched.job_stat s SET next_start = NULL
           FROM due d
@@ -185,9 +186,10 @@ BEGIN
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
-           clock_timestamp()
+           clock_timestamp(), st.state
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
+      LEFT JOIN started st ON st.job_id = c.job_id
       JOIN pgsched._job_launch v ON v.job_id = c.job_id
      ORDER BY c.plan_time, c.job_id, c.scope;
 END
@@ -419,7 +421,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                        max(t.started_at) AS started_at
                   FROM t GROUP BY t.job_id) c
          WHERE s.job_id = c.job_id
-        RETURNING s.job_id, s.consecutive_failures, s.consecutive_crashes - 1 AS consecutive_crashes
+        RETURNING s.job_id, s.consecutive_failures, s.consecutive_crashes - 1 AS consecutive_crashes, s.state
     )
     SELECT t.run_id, t.job_id, t.scope, t.attempt, t.plan_time, t.started_at, t.lease_token, t.worker_pid,
            t.backend_pid,
@@ -428,7 +430,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, clock_timestamp()
+           NULL::timestamptz, clock_timestamp(), s.state
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 
@@ -488,81 +490,115 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Disable a job the scheduler cannot run (bad schedule or a proc that no longer
--- exists), with the reason shown in job_stats, instead of failing it forever.
+-- exists), with the reason shown in job_stats, instead of failing it forever. Returns
+-- the job's state after (NULL: no such job). Pausing it moves an idle job to disabled
+-- (pgsched._job_row_change); the state is written here too for a job whose flag was
+-- already off (a catalog edited by hand), so that it is not handed back every round.
 CREATE OR REPLACE FUNCTION pgsched._disable_job(job_id integer, reason text)
-RETURNS void LANGUAGE sql
+RETURNS text LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = _disable_job.job_id;
     UPDATE pgsched.job_stat s SET disabled_reason = reason,
            state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
-     WHERE s.job_id = _disable_job.job_id;
+     WHERE s.job_id = _disable_job.job_id
+    RETURNING s.state;
 $$;
 
 -- Close a batch of runs in one statement (one round trip): _mark_end for each,
--- plus the skipped-slot record. Returns the ids of the runs it closed; a run
--- already closed by someone else is left as it is. The batch is tried in one
--- subtransaction; only if that fails is it retried a run at a time, so that a row
--- that cannot be updated (absurd values written into the catalog by hand) closes
--- its run and disables its job with the reason instead of failing every batch.
-CREATE OR REPLACE FUNCTION pgsched._finish_runs(ends jsonb)
-RETURNS SETOF bigint LANGUAGE plpgsql
+-- plus the skipped-slot record. Returns the runs it closed, each with its job's state
+-- before and after the close (what the scheduler logs); a run already closed by
+-- someone else is left as it is. The batch is tried in one subtransaction; only if
+-- that fails is it retried a run at a time, so that a row that cannot be updated
+-- (absurd values written into the catalog by hand) closes its run and disables its
+-- job with the reason instead of failing every batch. That fallback closes the run
+-- through _mark_end too (without the counters): a run's end and its job's state have
+-- one writer.
+CREATE OR REPLACE FUNCTION pgsched._close_runs(ends jsonb)
+RETURNS TABLE (run_id bigint, job_id integer, old_state text, new_state text) LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     e jsonb;
-    closed bigint[] := '{}';
+    f record;
+    -- Collected, and returned at the end: rows returned before a failed attempt could not be taken back.
+    run_ids bigint[] := '{}';
+    job_ids integer[] := '{}';
+    olds text[] := '{}';
+    news text[] := '{}';
     problem text;
 BEGIN
     BEGIN
         FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
-            IF pgsched._finish_run(e) THEN
-                closed := closed || (e->>'run_id')::bigint;
+            f := pgsched._finish_run(e);
+            IF f.closed THEN
+                run_ids := run_ids || (e->>'run_id')::bigint;
+                job_ids := job_ids || f.closed_job; olds := olds || f.old_state; news := news || f.new_state;
             END IF;
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
-        closed := '{}';
+        run_ids := '{}'; job_ids := '{}'; olds := '{}'; news := '{}';
         FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
             BEGIN
-                IF pgsched._finish_run(e) THEN
-                    closed := closed || (e->>'run_id')::bigint;
-                END IF;
+                f := pgsched._finish_run(e);
             EXCEPTION WHEN OTHERS THEN
                 problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
-                UPDATE pgsched.job_run r
-                   SET outcome = e->>'outcome', finished_at = (e->>'finished_at')::timestamptz,
-                       message = left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)
-                 WHERE r.run_id = (e->>'run_id')::bigint AND r.outcome = 'running'
-                   AND (e->>'lease_token' IS NULL OR r.lease_token = (e->>'lease_token')::bigint);
-                IF FOUND THEN
-                    closed := closed || (e->>'run_id')::bigint;
-                END IF;
-                UPDATE pgsched.job_stat s SET state = 'disabled', current_run_id = NULL, disabled_reason = problem
-                 WHERE s.current_run_id = (e->>'run_id')::bigint;
-                UPDATE pgsched.job j SET scheduled = false
-                 WHERE j.job_id = (SELECT r.job_id FROM pgsched.job_run r WHERE r.run_id = (e->>'run_id')::bigint);
+                f := pgsched._finish_run(e || jsonb_build_object(
+                    'problem', problem,
+                    'message', left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)));
             END;
+            IF f.closed THEN
+                run_ids := run_ids || (e->>'run_id')::bigint;
+                job_ids := job_ids || f.closed_job; olds := olds || f.old_state; news := news || f.new_state;
+            END IF;
         END LOOP;
     END;
-    RETURN QUERY SELECT unnest(closed);
+    RETURN QUERY SELECT * FROM unnest(run_ids, job_ids, olds, news);
 END
 $$;
 
--- One run of _finish_runs' batch: the close (_mark_end, fenced on the lease token the
+-- The closed runs' ids: the result of _close_runs as release 0.1.0 reads it.
+CREATE OR REPLACE FUNCTION pgsched._finish_runs(ends jsonb)
+RETURNS SETOF bigint LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c.run_id FROM pgsched._close_runs(ends) c
+$$;
+
+-- One run of _close_runs' batch: the close (_mark_end, fenced on the lease token the
 -- scheduler holds), then what it brings along: the pids that really ran it, the scope
--- runs a scoped job's plan run queues, the skipped-slot record.
-CREATE OR REPLACE FUNCTION pgsched._finish_run(e jsonb)
-RETURNS boolean LANGUAGE plpgsql
+-- runs a scoped job's plan run queues, the skipped-slot record. With e->>'problem'
+-- (the batch's fallback for a row that cannot be updated), only the close, without the
+-- job's counters, and the job is disabled for that problem.
+-- closed: whether this call closed the run; old_state, new_state: its job's state before
+-- and after (the same for a scope run, which leaves the state to its plan run).
+CREATE OR REPLACE FUNCTION pgsched._finish_run(e jsonb, OUT closed boolean, OUT closed_job integer,
+                                               OUT old_state text, OUT new_state text)
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     rid bigint := (e->>'run_id')::bigint;
     run record;
     next_start timestamptz := (e->>'next_start')::timestamptz;
     queued_scopes boolean := jsonb_typeof(e->'scopes') = 'array';
+    problem text := e->>'problem';
 BEGIN
-    SELECT r.job_id, r.scope, j.schedule_delay INTO run
+    closed := false;
+    SELECT r.job_id, r.scope, j.schedule_delay, s.state INTO run
       FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
+      LEFT JOIN pgsched.job_stat s ON s.job_id = r.job_id
      WHERE r.run_id = rid;
     IF NOT FOUND THEN
-        RETURN false;
+        RETURN;
+    END IF;
+    closed_job := run.job_id;
+    old_state := run.state;
+    IF problem IS NOT NULL THEN
+        closed := pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message', NULL,
+                                    (e->>'finished_at')::timestamptz, problem, NULL, NULL,
+                                    (e->>'lease_token')::bigint, counters => false);
+        -- A scope run's close leaves its job alone; the job is paused all the same (a plan
+        -- run's close has paused it already), whoever closed the run.
+        UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = run.job_id AND j.scheduled;
+        SELECT s.state INTO new_state FROM pgsched.job_stat s WHERE s.job_id = run.job_id;
+        RETURN;
     END IF;
     IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
         -- The scheduler added the delay the run was claimed with; the job's may have changed since.
@@ -572,8 +608,9 @@ BEGIN
     IF NOT pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message', next_start,
                              (e->>'finished_at')::timestamptz, e->>'disable_reason', (e->>'rows_affected')::bigint,
                              nullif(e->'result', 'null'), (e->>'lease_token')::bigint) THEN
-        RETURN false;
+        RETURN;
     END IF;
+    closed := true;
     IF e->>'worker_pid' IS NOT NULL THEN
         -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
         UPDATE pgsched.job_run r
@@ -607,7 +644,7 @@ BEGIN
         PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
                                         (e->>'skipped_last')::timestamptz);
     END IF;
-    RETURN true;
+    SELECT s.state INTO new_state FROM pgsched.job_stat s WHERE s.job_id = run.job_id;
 END
 $$;
 

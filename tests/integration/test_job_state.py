@@ -12,9 +12,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from pgsched.state import ALLOWED, JobState
-from tests.integration.helpers import Conn, add_job, rows, scalar, snapshot, stats
+from tests.integration.helpers import Conn, add_job, one, rows, scalar, snapshot, stats
 
 STATES = [str(s) for s in JobState]
 # A legal way from a new job (scheduled) to each state, written by hand.
@@ -102,6 +103,123 @@ def claim(conn: Conn, instance: int, n: int = 1) -> list[dict[str, Any]]:
                 (instance, list(range(1, n + 1)), list(range(101, 101 + n))))
 
 
+def close(conn: Conn, *ends: dict[str, Any]) -> list[dict[str, Any]]:
+    return rows(conn, "SELECT * FROM pgsched._close_runs(%s) ORDER BY run_id", (Jsonb(list(ends)),))
+
+
+def end(run: dict[str, Any], outcome: str = "success", **more: Any) -> dict[str, Any]:
+    return {"run_id": run["run_id"], "outcome": outcome, "finished_at": "now", "lease_token": run["lease_token"],
+            **more}
+
+
+@pytest.fixture
+def instance(api_tx: Conn) -> int:
+    return int(scalar(api_tx, "SELECT instance_id FROM pgsched._register_instance('test', 1, 'test', 4)"))
+
+
+def due(conn: Conn, args: str = "'ok_fn', '1 hour'") -> int:
+    job_id = add_job(conn, args)
+    conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second' WHERE job_id = %s", (job_id,))
+    return job_id
+
+
+def test_claims_and_closes_report_the_states_they_wrote(api_tx: Conn, instance: int) -> None:
+    ok, failing, paused = due(api_tx), due(api_tx), due(api_tx)
+    claimed = claim(api_tx, instance, 3)
+    assert sorted(c["job_id"] for c in claimed) == [ok, failing, paused]
+    assert [c["job_state"] for c in claimed] == ["starting"] * 3
+    by_job = {c["job_id"]: c for c in claimed}
+    # A cancelled run: its job is terminating until the close.
+    assert scalar(api_tx, "SELECT pgsched._set_terminating(%s)", (by_job[ok]["run_id"],)) is True
+    assert state_of(api_tx, ok) == "terminating"
+    api_tx.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (paused,))
+    assert state_of(api_tx, paused) == "starting"  # pausing a running job waits for its run's end
+    closed = close(api_tx, end(by_job[ok], "cancelled"),
+                   end(by_job[failing], "failure", disable_reason="max_retries reached"), end(by_job[paused]))
+    assert {(c["job_id"], c["old_state"], c["new_state"]) for c in closed} == {
+        (ok, "terminating", "scheduled"), (failing, "starting", "disabled"), (paused, "starting", "disabled")}
+    assert stats(api_tx, failing)["disabled_reason"] == "max_retries reached"
+    # A second close of the same runs is refused and reports nothing.
+    assert close(api_tx, end(by_job[ok]), end(by_job[failing])) == []
+
+
+def test_release_0_1_0_reads_the_closes_as_it_did(api_tx: Conn, instance: int) -> None:
+    """0.1.0 calls `SELECT pgsched._finish_runs(%s) AS id`, _disable_job and _set_terminating:
+    kept with their arguments and the results it reads, beside the new _close_runs."""
+    first, second = due(api_tx), due(api_tx)
+    runs = claim(api_tx, instance, 2)
+    ids = [int(str(r[0])) for r in api_tx.execute("SELECT pgsched._finish_runs(%s) AS id",
+                                                   (Jsonb([end(r) for r in runs]),)).fetchall()]
+    assert sorted(ids) == sorted(r["run_id"] for r in runs)
+    assert state_of(api_tx, first) == state_of(api_tx, second) == "scheduled"
+    assert scalar(api_tx, "SELECT pgsched._disable_job(%s, 'bad schedule')", (first,)) == "disabled"
+    assert scalar(api_tx, "SELECT pgsched._set_terminating(%s)", (runs[0]["run_id"],)) is False
+
+
+def test_a_scope_run_reports_its_job_state_unchanged(api_tx: Conn, instance: int) -> None:
+    job_id = due(api_tx, "'ok_fn', '1 hour', scope_query => 'SELECT 1'")
+    plan = claim(api_tx, instance)[0]
+    closed = close(api_tx, end(plan, scopes=["a"], next_start="2100-01-01T00:00:00Z"))
+    assert [(c["old_state"], c["new_state"]) for c in closed] == [("starting", "scheduled")]
+    scope = claim(api_tx, instance)[0]
+    assert (scope["scope"], scope["job_state"]) == ("a", "scheduled")
+    assert [(c["old_state"], c["new_state"]) for c in close(api_tx, end(scope))] == [("scheduled", "scheduled")]
+    assert state_of(api_tx, job_id) == "scheduled"
+
+
+def test_a_takeover_of_a_run_being_cancelled_keeps_its_job_terminating(api_tx: Conn, instance: int) -> None:
+    """terminating -> starting is not in the table: the new attempt ends like the one it replaces."""
+    job_id = due(api_tx, "'ok_fn', '1 hour', allow_stale_reentry => true")
+    run = claim(api_tx, instance)[0]
+    api_tx.execute("SELECT pgsched._set_terminating(%s)", (run["run_id"],))
+    taken = rows(api_tx, "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s)",
+                 (instance, [run["run_id"]], [run["lease_token"]], [2], [102]))
+    assert [(t["attempt"], t["job_state"]) for t in taken] == [(2, "terminating")]
+    assert close(api_tx, end(run)) == []  # the stale attempt's lease is gone
+    closed = close(api_tx, end(taken[0]))
+    assert [(c["old_state"], c["new_state"]) for c in closed] == [("terminating", "scheduled")]
+    assert state_of(api_tx, job_id) == "scheduled"
+
+
+def test_a_takeover_moves_a_starting_job_nowhere(api_tx: Conn, instance: int) -> None:
+    job_id = due(api_tx, "'ok_fn', '1 hour', allow_stale_reentry => true")
+    run = claim(api_tx, instance)[0]
+    taken = rows(api_tx, "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s)",
+                 (instance, [run["run_id"]], [run["lease_token"]], [2], [102]))
+    assert [t["job_state"] for t in taken] == ["starting"]
+    assert state_of(api_tx, job_id) == "starting"
+
+
+def test_the_fallback_for_rows_that_cannot_be_updated_closes_through_mark_end(api_tx: Conn,
+                                                                              instance: int) -> None:
+    """A close that fails (a counter at its maximum, written by hand) is retried alone, without the
+    counters: the run is closed and the job disabled by _mark_end, the only writer of both."""
+    broken, fine, fenced = due(api_tx), due(api_tx), due(api_tx)
+    api_tx.execute("UPDATE pgsched.job_stat SET consecutive_failures = 2147483647 WHERE job_id IN (%s, %s)",
+                   (broken, fenced))
+    runs = {r["job_id"]: r for r in claim(api_tx, instance, 3)}
+    before = stats(api_tx, broken)
+    closed = close(api_tx, end(runs[broken], "failure", sqlstate="P0001", message="boom"), end(runs[fine]),
+                   {**end(runs[fenced], "failure"), "lease_token": runs[fenced]["lease_token"] + 1000})
+    assert {(c["job_id"], c["old_state"], c["new_state"]) for c in closed} == {
+        (broken, "starting", "disabled"), (fine, "starting", "scheduled")}
+    run = one(api_tx, "SELECT outcome, sqlstate, message, finished_at FROM pgsched.job_run WHERE run_id = %s",
+              (runs[broken]["run_id"],))
+    assert (run["outcome"], run["sqlstate"]) == ("failure", "P0001") and run["finished_at"] is not None
+    assert run["message"].startswith("boom [the catalog rows of this job cannot be updated (")
+    assert "integer out of range" in run["message"]
+    after = stats(api_tx, broken)
+    assert (after["state"], after["current_run_id"]) == ("disabled", None)
+    assert after["disabled_reason"] in run["message"] and "integer out of range" in after["disabled_reason"]
+    counters = ("total_runs", "total_failures", "total_crashes", "consecutive_failures", "last_finish")
+    assert [after[k] for k in counters] == [before[k] for k in counters]
+    assert scalar(api_tx, "SELECT scheduled FROM pgsched.job WHERE job_id = %s", (broken,)) is False
+    # The close of a run whose lease is not ours writes nothing to its run or its job's state.
+    assert scalar(api_tx, "SELECT outcome FROM pgsched.job_run WHERE run_id = %s",
+                  (runs[fenced]["run_id"],)) == "running"
+    assert state_of(api_tx, fenced) == "starting"
+
+
 SEE_STATE = """CREATE OR REPLACE FUNCTION public.see_state(job_id integer, config jsonb) RETURNS void
     LANGUAGE sql AS $$ INSERT INTO public.ran SELECT s.job_id, to_jsonb(s.state), 'state'
                          FROM pgsched.job_stat s WHERE s.job_id = see_state.job_id $$"""
@@ -145,3 +263,15 @@ def test_resuming_an_idle_paused_job_schedules_it(api: Conn) -> None:
     assert state_of(api, job_id) == "scheduled"
     api.execute("CALL pgsched.run_job(%s)", (job_id,))
     assert stats(api, job_id)["total_successes"] == 1
+
+
+def test_closing_runs_is_the_schedulers_and_the_state_table_everyones(api_tx: Conn) -> None:
+    """_close_runs stays private like _finish_runs; whoever may write the state (a definer function
+    acting for a job's owner, a superuser, the schema owner) must be able to evaluate the table."""
+    api_tx.execute("CREATE ROLE pgsched_test_someone")
+    may = {r["f"]: r["may"] for r in rows(api_tx, """
+        SELECT f, has_function_privilege('pgsched_test_someone', f, 'EXECUTE') AS may
+          FROM unnest(ARRAY['pgsched._close_runs(jsonb)', 'pgsched._finish_runs(jsonb)',
+                            'pgsched._state_allowed(text, text)']) f""")}
+    assert may == {"pgsched._close_runs(jsonb)": False, "pgsched._finish_runs(jsonb)": False,
+                   "pgsched._state_allowed(text, text)": True}
