@@ -20,8 +20,8 @@ from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.loop_state import LoopState
 from pgsched.model import Run
-from pgsched.state import JobState, Outcome, end_of_run, transition
-from pgsched.store import Claimed, Finish
+from pgsched.state import JobState, Outcome, end_of_run, log_change
+from pgsched.store import Claimed, Closed, Finish
 
 log = logging.getLogger("pgsched.scheduler")
 
@@ -40,12 +40,12 @@ class Dispatch(LoopState):
         # Runs that just ended are closed in the same round trip as the claim.
         batch, self.pending = self.pending, []
         try:
-            claimed, next_due, refused = self.store.claim(
+            claimed, next_due, closes = self.store.claim(
                 self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch)
         except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; closing is idempotent
             raise
-        self._log_refused(batch, refused)
+        self._log_closes(batch, closes)
         if batch:
             crashpoint("after_mark_end")
         crashpoint("after_mark_start")
@@ -64,9 +64,9 @@ class Dispatch(LoopState):
         """Hand each claimed (or taken-over) run to its worker; a run that cannot run disables its job."""
         self._match_owners(claimed)
         for c in claimed:
+            log_change(c.job_id, None, c.job_state, f"run {c.run_id} {how}")
             worker = self.workers.get(c.worker_pid or -1)
             if c.run is None or worker is None:
-                transition(c.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {c.run_id} {how}")
                 self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
                 continue
             self._launch_run(worker, c.run)
@@ -98,8 +98,6 @@ class Dispatch(LoopState):
 
     def _launch_run(self, worker: Worker, run: Run) -> None:
         job = run.job
-        if not run.scope:  # a scope run leaves the job's state to its plan run
-            transition(job.job_id, JobState.SCHEDULED, JobState.STARTING, f"run {run.run_id} claimed")
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   "the job's owner role no longer exists: delete the job or give it a new owner")
@@ -135,7 +133,6 @@ class Dispatch(LoopState):
 
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
-        transition(job_id, JobState.STARTING, JobState.DISABLED, reason)
         log.error("job %s cannot run and is disabled: %s", job_id, reason)
         now = self.clock.now()
         self.pending.append(Finish(run_id=run_id, outcome=Outcome.FAILURE, sqlstate="55000", message=reason,
@@ -289,8 +286,6 @@ class Dispatch(LoopState):
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
         if disable_reason is not None:
             end = replace(end, next_state=JobState.DISABLED, disable_reason=disable_reason, next_start=None)
-        current = JobState.TERMINATING if run.forced else JobState.STARTING
-        transition(job.job_id, current, end.next_state, f"run {run.run_id} ended: {outcome}")
         if end.disable_reason:
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
             # The history row says why this was the last run, besides the job's own error.
@@ -317,19 +312,24 @@ class Dispatch(LoopState):
             return
         batch, self.pending = self.pending, []
         try:
-            closed = self.store.finish(batch)
+            closes = self.store.close_runs(batch)
         except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; _mark_end is idempotent
             self._flush_at = time.monotonic() + 1.0  # not in a tight loop if the database refuses it
             raise
-        self._log_refused(batch, [f.run_id for f, ok in zip(batch, closed, strict=True) if not ok])
+        self._log_closes(batch, closes)
         crashpoint("after_mark_end")
 
-    def _log_refused(self, batch: list[Finish], refused: list[int]) -> None:
-        """A close refused by the database: someone else closed the run, typically because our lease
-        went stale while we were paused and another scheduler took the run (fencing)."""
-        for f in batch:
-            if f.run_id in refused and f.lease_token is not None:
+    def _log_closes(self, batch: list[Finish], closes: list[Closed | None], *, ours: bool = True) -> None:
+        """Log what the database did with each close: the job's state it wrote, or a refusal.
+
+        A refused close of one of our runs (`ours`): someone else closed the run, typically
+        because our lease went stale while we were paused and another scheduler took the run
+        (fencing)."""
+        for f, c in zip(batch, closes, strict=True):
+            if c is not None:
+                log_change(c.job_id, c.old_state, c.new_state, f"run {f.run_id} ended: {f.outcome}")
+            elif ours and f.lease_token is not None:
                 log.warning("run %s: end (%s) not recorded: lease lost (another scheduler closed or took over "
                             "the run while this one was paused or cut off), or it was closed already",
                             f.run_id, f.outcome)
@@ -353,13 +353,13 @@ class Dispatch(LoopState):
 
     def _stop_run(self, run: Run, why: Outcome) -> None:
         """Move a run to TERMINATING: cancel its query now, kill it after a grace period."""
-        transition(run.job.job_id, JobState.STARTING, JobState.TERMINATING, f"run {run.run_id}: {why}")
         run.forced = why
         run.terminate_at = self.clock.now() + timedelta(seconds=self.settings.terminate_grace)
         if self.store is None:
             return
         try:
-            self.store.set_terminating(run.run_id)
+            if self.store.set_terminating(run.run_id):
+                log_change(run.job.job_id, JobState.STARTING, JobState.TERMINATING, f"run {run.run_id}: {why}")
             if run.backend_pid:
                 self.store.cancel_backend(run.backend_pid)
         except psycopg.OperationalError as e:

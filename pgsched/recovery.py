@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from pgsched import schedule
 from pgsched.dispatch import Dispatch
-from pgsched.state import JobState, Outcome, RunEnd, after_crash, transition
+from pgsched.state import JobState, Outcome, RunEnd, after_crash
 from pgsched.store import Abandoned, Finish
 
 log = logging.getLogger("pgsched.scheduler")
@@ -110,7 +110,8 @@ class Recovery(Dispatch):
             return
         now = self.clock.now()
         finishes = [self._abandoned_finish(a, now, startup) for a in found]
-        self.store.finish(finishes)
+        # Refusals are not ours to report: another scheduler closed or took the run first.
+        self._log_closes(finishes, self.store.close_runs(finishes), ours=False)
         self.dirty = True  # their jobs have new next starts; our own writes send us no NOTIFY
 
     def _terminate_abandoned_backend(self, a: Abandoned) -> None:
@@ -134,7 +135,6 @@ class Recovery(Dispatch):
         else:
             end = after_crash(a.schedule, plan_time=a.plan_time, now=now, crashes=a.consecutive_crashes,
                               retry_period=a.retry_period, rng=self.rng, delay=a.schedule_delay)
-        transition(a.job_id, JobState.STARTING, end.next_state, f"run {a.run_id} abandoned: crash")
         nxt, skipped = end.next_start, end.skipped
         if nxt is not None and startup and a.after_restart:
             # Found by a scheduler that just started, and nobody saw its holder die: the job

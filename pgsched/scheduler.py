@@ -28,7 +28,7 @@ from pgsched.config import redact
 from pgsched.errors import DeployError, SchemaVersionMismatch, first_line
 from pgsched.recovery import Recovery
 from pgsched.settings import Settings
-from pgsched.state import JobState, transition, unusable
+from pgsched.state import log_change, unusable
 from pgsched.store import Store
 
 __all__ = ["Scheduler", "Settings"]
@@ -185,9 +185,8 @@ class Scheduler(Recovery):
 
     def _disable_bad_job(self, job_id: int, reason: str) -> None:
         assert self.store is not None
-        transition(job_id, JobState.SCHEDULED, JobState.DISABLED, reason)
         log.error("job %s disabled: %s", job_id, reason)
-        self.store.disable(job_id, reason)
+        log_change(job_id, None, self.store.disable(job_id, reason), reason)
 
     # -- connection ---------------------------------------------------------------------
     def _connect(self, *, startup: bool) -> None:

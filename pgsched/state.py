@@ -7,11 +7,13 @@ The state machine is TimescaleDB's:
     SCHEDULED | STARTING | TERMINATING -> DISABLED      paused, or max_retries reached
     DISABLED -> SCHEDULED                       re-enabled
 
-Every change of a job's state goes through `transition`, which checks that the
-previous state may lead to the new one and logs it. The states themselves are
-persisted in job_stat.state by the store. `end_of_run` is pure: given the job,
-its counters and how the run ended, it says the next start and whether the job
-must be disabled.
+The database owns it: job_stat.state is written only by the SQL in sql/api/, and a
+trigger there (pgsched._state_allowed, 00_internal.sql) refuses any write, the SQL's own
+or one made by hand, that is not in this table. ALLOWED is a mirror of that table for
+reading; a test checks that the two agree. The scheduler never asserts a state: it logs
+the states the database reports (`log_change`). `end_of_run` is pure: given the job, its
+counters and how the run ended, it says the next start and whether the job must be
+disabled (the close then writes DISABLED).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from pgsched import catchup, schedule
-from pgsched.errors import PgschedError
 from pgsched.model import Job
 
 log = logging.getLogger("pgsched.state")
@@ -47,6 +48,8 @@ class Outcome(StrEnum):
     MISSED = "missed"
 
 
+# The mirror of pgsched._state_allowed (00_internal.sql), checked against it by
+# tests/integration/test_job_state.py. A state written again unchanged is no transition.
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.SCHEDULED: frozenset({JobState.STARTING, JobState.DISABLED}),
     JobState.STARTING: frozenset({JobState.SCHEDULED, JobState.TERMINATING, JobState.DISABLED}),
@@ -54,19 +57,26 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.DISABLED: frozenset({JobState.SCHEDULED}),
 }
 
+# A run starting and ending: in the run start/end log lines already.
+_ROUTINE = {(JobState.SCHEDULED, JobState.STARTING), (JobState.STARTING, JobState.SCHEDULED),
+            (None, JobState.STARTING)}
 
-class IllegalTransition(PgschedError):
-    """A job was asked to move between two states that do not connect."""
 
+def log_change(job_id: int, before: str | None, after: str | None, why: str) -> None:
+    """Log a change of a job's state as the database reported it.
 
-def transition(job_id: int, current: JobState, to: JobState, why: str) -> JobState:
-    """The one place a job's state changes."""
-    if to not in ALLOWED[current]:
-        raise IllegalTransition(f"job {job_id}: {current} -> {to} is not allowed ({why})")
-    # The routine pair (a run starts, a run ends) is in the run start/end log lines already.
-    routine = (current, to) in ((JobState.SCHEDULED, JobState.STARTING), (JobState.STARTING, JobState.SCHEDULED))
-    log.log(logging.DEBUG if routine else logging.INFO, "job %s: %s -> %s (%s)", job_id, current, to, why)
-    return to
+    `before` None: the database said only where the job is now (a claim). Nothing is
+    logged when the state did not change (a scope run leaves it to its plan run) or is
+    unknown (the job is gone).
+    """
+    if after is None or before == after:
+        return
+    old, new = (None if before is None else JobState(before)), JobState(after)
+    level = logging.DEBUG if (old, new) in _ROUTINE else logging.INFO
+    if old is None:
+        log.log(level, "job %s: now %s (%s)", job_id, new, why)
+    else:
+        log.log(level, "job %s: %s -> %s (%s)", job_id, old, new, why)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class RunEnd:
 
     outcome: Outcome
     next_start: datetime | None  # None: keep the stored one (the job is being disabled)
+    # DISABLED: the close disables the job (with disable_reason); the database writes the state.
     next_state: JobState
     disable_reason: str | None = None
     # Regular plans passed over while the run was in progress: (count, first, last).

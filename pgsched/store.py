@@ -62,6 +62,19 @@ class Claimed:
     job_id: int
     worker_pid: int | None
     problem: str | None = None
+    # The job's state after the claim, as the database wrote it (None for a scope run: it
+    # leaves the state to its plan run).
+    job_state: str | None = None
+
+
+@dataclass(frozen=True)
+class Closed:
+    """A run that a close wrote, with its job's state before and after it, as the database decided."""
+
+    run_id: int
+    job_id: int
+    old_state: str | None
+    new_state: str | None
 
 
 @dataclass(frozen=True)
@@ -294,23 +307,23 @@ class Store:
 
     # -- runs -------------------------------------------------------------
     def claim(self, instance_id: int, workers: Sequence[tuple[int, int]], ahead: timedelta = timedelta(0),
-              finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None, list[int]]:
+              finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None, list[Closed | None]]:
         """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
 
         Runs in `finishing` are closed first, in the same round trip and transaction (a pipeline
         without a sync between the two: if the close fails, nothing is claimed and the caller
         keeps the batch). Also returns when the next
         unclaimed job is due (None when nothing was claimed: the caller must ask next_due()),
-        and the runs of `finishing` whose close was refused (already closed, or the lease is lost).
+        and, per run of `finishing`, what its close wrote (None: refused, the run was already
+        closed or the lease is lost).
         """
         if not workers:
-            ok = self.finish(finishing)
-            return [], None, [f.run_id for f, done in zip(finishing, ok, strict=True) if not done]
+            return [], None, self.close_runs(finishing)
         sent = time.monotonic()
         fin = None
         with self.conn.pipeline():
             if finishing:
-                fin = self._finish_cursor(finishing)
+                fin = self._close_cursor(finishing)
             cur = self._execute(
                 "SELECT * FROM pgsched._claim(%s, %s, %s, %s, %s)",
                 (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
@@ -319,9 +332,8 @@ class Store:
         self._sent = sent  # the round trip began with the pipeline, not with its last statement
         if rows:
             self._anchor(rows[-1]["db_now"])
-        closed = {int(r["id"]) for r in fin.fetchall()} if fin is not None else set()
-        refused = [f.run_id for f in finishing if f.run_id not in closed]
-        return [_claimed_from_row(r) for r in rows], (rows[0]["next_due"] if rows else None), refused
+        closes = _closes(finishing, fin.fetchall() if fin is not None else [])
+        return [_claimed_from_row(r) for r in rows], (rows[0]["next_due"] if rows else None), closes
 
     def take_over(self, instance_id: int, runs: Sequence[tuple[int, int]],
                   workers: Sequence[tuple[int, int]]) -> list[Claimed]:
@@ -360,14 +372,18 @@ class Store:
         row = self._execute("SELECT pgsched._catch_up(%s) AS n", (Jsonb(payload),)).fetchone()
         return int(row["n"]) if row else 0
 
-    def finish(self, finishes: Sequence[Finish]) -> list[bool]:
-        """Close runs in one statement (one transaction); per run, whether it was still open."""
+    def close_runs(self, finishes: Sequence[Finish]) -> list[Closed | None]:
+        """Close runs in one statement (one transaction, pgsched._close_runs); per run, what the
+        close wrote, or None if the run was no longer open to this close."""
         if not finishes:
             return []
-        closed = {int(r["id"]) for r in self._finish_cursor(finishes).fetchall()}
-        return [f.run_id in closed for f in finishes]
+        return _closes(finishes, self._close_cursor(finishes).fetchall())
 
-    def _finish_cursor(self, finishes: Sequence[Finish]) -> psycopg.Cursor[dict[str, Any]]:
+    def finish(self, finishes: Sequence[Finish]) -> list[bool]:
+        """Close runs like `close_runs`; per run, whether it was still open."""
+        return [c is not None for c in self.close_runs(finishes)]
+
+    def _close_cursor(self, finishes: Sequence[Finish]) -> psycopg.Cursor[dict[str, Any]]:
         payload = [{
             "run_id": f.run_id, "outcome": str(f.outcome), "sqlstate": _text(f.sqlstate), "message": _text(f.message),
             "next_start": _iso(f.next_start), "finished_at": _iso(f.finished_at),
@@ -376,13 +392,18 @@ class Store:
             "worker_pid": f.worker_pid, "backend_pid": f.backend_pid, "lease_token": f.lease_token,
             "scopes": f.scopes, "schedule_delay_s": f.schedule_delay,
         } for f in finishes]
-        return self._execute("SELECT pgsched._finish_runs(%s) AS id", (Jsonb(payload),))
+        return self._execute("SELECT * FROM pgsched._close_runs(%s)", (Jsonb(payload),))
 
-    def disable(self, job_id: int, reason: str) -> None:
-        self._execute("SELECT pgsched._disable_job(%s, %s)", (job_id, reason))
+    def disable(self, job_id: int, reason: str) -> str | None:
+        """Disable a job that cannot run; its state after (None: the job is gone)."""
+        row = self._execute("SELECT pgsched._disable_job(%s, %s) AS state", (job_id, reason)).fetchone()
+        return row["state"] if row else None
 
-    def set_terminating(self, run_id: int) -> None:
-        self._execute("SELECT pgsched._set_terminating(%s)", (run_id,))
+    def set_terminating(self, run_id: int) -> bool:
+        """Persist TERMINATING for the job whose current run this is; whether it moved from STARTING
+        (not for a scope run, whose job's state belongs to its plan run)."""
+        row = self._execute("SELECT pgsched._set_terminating(%s) AS moved", (run_id,)).fetchone()
+        return bool(row and row["moved"])
 
     def missing_runs(self, run_ids: Sequence[int]) -> set[int]:
         if not run_ids:
@@ -423,10 +444,12 @@ def _policy(row: dict[str, Any]) -> Policy:
 
 def _claimed_from_row(row: dict[str, Any]) -> Claimed:
     """A claimed run (from _claim or _take_over), or the reason its job cannot run."""
+    state = None if row["scope"] else row["job_state"]
     try:
         job = _job_from_row(row)
     except (schedule.ScheduleError, ValueError, OverflowError) as e:
-        return Claimed(None, row["run_id"], row["job_id"], row["worker_pid"], f"invalid schedule in the catalog: {e}")
+        return Claimed(None, row["run_id"], row["job_id"], row["worker_pid"], f"invalid schedule in the catalog: {e}",
+                       state)
     run = Run(
         run_id=row["run_id"], job=job, plan_time=row["plan_time"], started_at=row["started_at"],
         consecutive_failures=row["consecutive_failures"], consecutive_crashes=row["consecutive_crashes"],
@@ -434,7 +457,14 @@ def _claimed_from_row(row: dict[str, Any]) -> Claimed:
         worker_pid=row["worker_pid"],
         backend_pid=row["backend_pid"],
     )
-    return Claimed(run, run.run_id, job.job_id, row["worker_pid"])
+    return Claimed(run, run.run_id, job.job_id, row["worker_pid"], job_state=state)
+
+
+def _closes(finishes: Sequence[Finish], rows: Sequence[dict[str, Any]]) -> list[Closed | None]:
+    """Per run of `finishes`, its row of pgsched._close_runs (None: not closed by this close)."""
+    by_run = {int(r["run_id"]): Closed(int(r["run_id"]), int(r["job_id"]), r["old_state"], r["new_state"])
+              for r in rows}
+    return [by_run.get(f.run_id) for f in finishes]
 
 
 def _text(s: str | None) -> str | None:
