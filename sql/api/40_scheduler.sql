@@ -33,6 +33,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_plan',
     '_record_skipped',
     '_register_instance',
+    '_run_app_name',
     '_set_terminating',
     '_take_over',
     '_terminate_run_backend',
@@ -309,7 +310,17 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_catalog.pg_notify('pgsched_catalog', 'instance:stop');
 $$;
 
+-- The application_name a run's worker gives its backend: it names the job, the run and the
+-- lease (a takeover's backend has another name than the stale attempt's). The worker's side is
+-- pgsched.protocol.run_app_name; tests/integration/test_protocol.py checks they agree. No pinned
+-- search_path (everything is qualified): so that it inlines into _abandoned_runs' query.
+CREATE OR REPLACE FUNCTION pgsched._run_app_name(job_id integer, run_id bigint, lease_token bigint)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.format('pgsched job %s run %s lease %s', job_id, run_id, lease_token)
+$$;
+
 -- Runs that nobody will finish, or whose holder may no longer finish them:
+-- The causes are exactly pgsched.state.AbandonedCause's values (tests/integration/test_protocol.py):
 --   'stopped': their scheduler stopped (or its row is gone);
 --   'gone': their scheduler's database session ended and it has not heartbeated for
 --           `grace` (a scheduler that reconnects at once keeps its runs; its connection
@@ -347,7 +358,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                               AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = o.backend_pid)),
            a.scope, CASE WHEN v.kind = 'python' THEN v.code_module END
       FROM (SELECT r.*, i.heartbeat_at AS holder_beat,
-                   pg_catalog.format('pgsched job %s run %s lease %s', r.job_id, r.run_id, r.lease_token) AS app,
+                   pgsched._run_app_name(r.job_id, r.run_id, r.lease_token) AS app,
                    pg_catalog.format('instance %s (%s, pid %s)', i.instance_id, i.host, i.pid) AS holder,
                    CASE
                      WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
@@ -622,7 +633,7 @@ END
 $$;
 
 -- Terminate the backends still running a run: found by the application_name the
--- worker gave it ('pgsched job J run R lease T'), never by a pid that may have been
+-- worker gave it (pgsched._run_app_name), never by a pid that may have been
 -- reused, nor by a name that a later attempt of the same run (a takeover) also has.
 CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(app text)
 RETURNS boolean LANGUAGE sql
