@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgsched.catchup import Policy
+from pgsched.protocol import run_app_name
 from pgsched.schedule import Schedule
 
 
@@ -74,8 +75,5 @@ class Run:
 
     @property
     def app_name(self) -> str:
-        """application_name of the run's backend: names the job, run and lease in pg_stat_activity.
-
-        The lease token tells a taken-over attempt's backend from the stale one's.
-        """
-        return f"pgsched job {self.job.job_id} run {self.run_id} lease {self.lease_token}"
+        """application_name of the run's backend (pgsched.protocol.run_app_name)."""
+        return run_app_name(self.job.job_id, self.run_id, self.lease_token)

@@ -55,6 +55,20 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
 }
 
 
+class AbandonedCause(StrEnum):
+    """Why pgsched._abandoned_runs found a run nobody will finish (its `cause` column, exactly these values)."""
+
+    STOPPED = "stopped"  # its scheduler stopped (or its instance row is gone)
+    GONE = "gone"  # its scheduler's session ended and it stopped heartbeating (kill -9, lost connection)
+    STALE = "stale"  # its lease was not renewed for dead_after (a paused or partitioned scheduler)
+    SESSION = "session"  # the session of a run_job call ended
+    LOST = "lost"  # a run of our own that we do not hold (a claim or close lost with the connection)
+
+
+# A stale run of a job with allow_stale_reentry is taken over for these causes; the others close it.
+REENTRANT_CAUSES = frozenset({AbandonedCause.STOPPED, AbandonedCause.GONE, AbandonedCause.STALE})
+
+
 class IllegalTransition(PgschedError):
     """A job was asked to move between two states that do not connect."""
 

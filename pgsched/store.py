@@ -29,6 +29,7 @@ from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
 from pgsched.model import Job, Run
 from pgsched.schedule import Interval, Schedule
+from pgsched.state import AbandonedCause
 
 log = logging.getLogger("pgsched.store")
 
@@ -99,7 +100,7 @@ class Abandoned:
     job_id: int
     plan_time: datetime
     lease_token: int | None
-    cause: str  # stopped | gone | stale | session | lost
+    cause: AbandonedCause
     holder: str | None
     orphan_app: str
     orphan_pid: int | None  # a backend still running it
@@ -476,7 +477,7 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         problem = f"invalid schedule in the catalog: {e}"
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"], lease_token=row["lease_token"],
-        cause=row["cause"], holder=row["holder"], orphan_app=row["orphan_app"],
+        cause=AbandonedCause(row["cause"]), holder=row["holder"], orphan_app=row["orphan_app"],
         orphan_pid=row["orphan_pid"], reentry=bool(row["allow_stale_reentry"]),
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
         retry_period=timedelta(seconds=row["retry_period_s"]),
