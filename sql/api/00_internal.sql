@@ -23,8 +23,8 @@ $$;
 -- The rule of schedule_delay, once: a plan becomes eligible (job_stat.next_start) at its plan
 -- time + schedule_delay, the delay added as elapsed time ('1 day' = 24 hours whatever the
 -- session's time zone), so that _delayed(t, -delay) undoes it exactly (the claim takes
--- plan_time = _delayed(next_start, -delay)). The scheduler's side is
--- pgsched.state.delayed. No SET clause, unlike the other functions here, so that PostgreSQL
+-- plan_time = _delayed(next_start, -delay)). The scheduler adds it the same way in
+-- pgsched/state.py (_delayed). No SET clause, unlike the other functions here, so that PostgreSQL
 -- inlines it into the claim's query (a pinned search_path would make it a call per row);
 -- every name in it is qualified.
 SELECT pgsched._drop_functions(ARRAY['_as_elapsed']);  -- _delayed's forerunner
