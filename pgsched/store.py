@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 from pgsched import migrate, schedule
 from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
-from pgsched.model import Job, Run
+from pgsched.model import Job, JobSettings, Run
 from pgsched.schedule import Interval, Schedule
 from pgsched.state import AbandonedCause
 
@@ -159,6 +159,8 @@ class Store:
         # The loop is single-threaded: a catalog row someone keeps locked in an open transaction
         # must cost it one failed statement, retried next round, not a freeze.
         self.conn.execute("SET lock_timeout = '1s'")
+        # The launch row's settings carry intervals as text: one style, the one JobSettings reads.
+        self.conn.execute("SET IntervalStyle = 'postgres'")
         # A notification that arrives while one of our statements runs is taken off
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
@@ -403,16 +405,19 @@ class Store:
 
 
 def _job_from_row(row: dict[str, Any]) -> Job:
-    max_runtime = row["max_runtime_s"]
+    """A launch row's job: its settings read by name from its `settings` (pgsched.model.JobSettings)."""
+    s = JobSettings.from_catalog(row["settings"])
     return Job(
         job_id=row["job_id"], job_name=row["job_name"], kind=row["kind"], owner=row["owner"],
         proc_schema=row["proc_schema"], proc_name=row["proc_name"], is_procedure=row["is_procedure"],
         command=row["command"], code_module=row["code_module"], code_function=row["code_function"],
-        config=row["config"], schedule=schedule_from_row(row),
-        max_runtime=None if max_runtime is None else timedelta(seconds=max_runtime),
-        max_retries=row["max_retries"], retry_period=timedelta(seconds=row["retry_period_s"]),
-        catch_up=_policy(row), schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0),
-        allow_stale_reentry=bool(row["allow_stale_reentry"]), scope_query=row["scope_query"],
+        config=s.config,
+        schedule=schedule_from_row({"schedule": s.schedule, "fixed_schedule": s.fixed_schedule,
+                                    "initial_start": s.initial_start, "timezone": s.timezone,
+                                    "months": row["months"], "days": row["days"], "micros": row["micros"]}),
+        max_runtime=s.max_runtime, max_retries=s.max_retries, retry_period=s.retry_period,
+        catch_up=Policy(s.catch_up, s.catch_up_window, s.max_plans_per_tick), schedule_delay=s.schedule_delay,
+        allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query,
     )
 
 

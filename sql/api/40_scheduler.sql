@@ -51,7 +51,10 @@ SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
                       AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
 
 -- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
--- and what pgsched._job_launch says about the job.
+-- and what pgsched._job_launch says about the job. `settings` is the job row as jsonb, from
+-- which the scheduler reads the job's settings by name (pgsched.model.JobSettings); the
+-- columns from config to scope_query are the same settings one by one, kept for API 1
+-- instances (release 0.1.0 reads them by name); dropped with API 3.
 DROP TYPE IF EXISTS pgsched._launch_row;
 CREATE TYPE pgsched._launch_row AS (
     run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
@@ -62,7 +65,7 @@ CREATE TYPE pgsched._launch_row AS (
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz);
+    db_now timestamptz, settings jsonb);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
 -- _take_over. A view, so that it is inlined into their queries (a function with a
@@ -73,16 +76,15 @@ SELECT j.job_id, j.job_name, j.kind,
        -- the role was dropped: the scheduler then disables the job instead of running it.
        ro.rolname::text AS owner, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
        j.code_module, j.code_function, j.config, j.schedule,
-       -- pgsched._interval_parts written out: a function call per row costs more here
-       (extract(year FROM j.schedule_interval) * 12 + extract(month FROM j.schedule_interval))::integer AS months,
-       extract(day FROM j.schedule_interval)::integer AS days,
-       ((extract(hour FROM j.schedule_interval) * 3600 + extract(minute FROM j.schedule_interval) * 60)
-         * 1000000 + extract(microseconds FROM j.schedule_interval))::bigint AS micros,
+       -- pgsched._interval_parts' components, each inlined
+       pgsched._iv_months(j.schedule_interval) AS months, pgsched._iv_days(j.schedule_interval) AS days,
+       pgsched._iv_micros(j.schedule_interval) AS micros,
        j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END AS initial_start,
        j.timezone, extract(epoch FROM j.max_runtime)::float8 AS max_runtime_s, j.max_retries,
        extract(epoch FROM j.retry_period)::float8 AS retry_period_s, j.catch_up,
        extract(epoch FROM j.catch_up_window)::float8 AS catch_up_window_s, j.max_plans_per_tick,
-       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query
+       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
+       pg_catalog.to_jsonb(j) AS settings
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -117,9 +119,8 @@ BEGIN
     RETURN QUERY
     WITH due AS (
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
-               -- next_start is when the plan becomes eligible: plan_time + schedule_delay
-               -- (as a fixed duration, the way the scheduler adds it).
-               s.next_start - pg_catalog.make_interval(secs => extract(epoch FROM s.schedule_delay)) AS plan_time,
+               -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
+               pgsched._delayed(s.next_start, -s.schedule_delay) AS plan_time,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
           FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= _claim.now + ahead
@@ -194,7 +195,7 @@ BEGIN
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
-           clock_timestamp()
+           clock_timestamp(), v.settings
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       JOIN pgsched._job_launch v ON v.job_id = c.job_id
@@ -209,12 +210,12 @@ RETURNS TABLE (job_id integer, schedule text, months integer, days integer, micr
                fixed_schedule boolean, initial_start timestamptz, timezone text, infinite boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule,
+    SELECT j.job_id, j.schedule, pgsched._iv_months(j.schedule_interval), pgsched._iv_days(j.schedule_interval),
+           pgsched._iv_micros(j.schedule_interval), j.fixed_schedule,
            CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
            j.timezone, s.next_start IS NOT NULL
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
-      LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
      WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
      ORDER BY j.job_id
      LIMIT max_rows
@@ -449,7 +450,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, clock_timestamp()
+           NULL::timestamptz, clock_timestamp(), v.settings
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 
@@ -587,8 +588,8 @@ BEGIN
     END IF;
     IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
         -- The scheduler added the delay the run was claimed with; the job's may have changed since.
-        next_start := next_start + pg_catalog.make_interval(
-            secs => extract(epoch FROM run.schedule_delay) - (e->>'schedule_delay_s')::float8);
+        next_start := pgsched._delayed(pgsched._delayed(next_start, -pg_catalog.make_interval(
+            secs => (e->>'schedule_delay_s')::float8)), run.schedule_delay);
     END IF;
     IF NOT pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message', next_start,
                              (e->>'finished_at')::timestamptz, e->>'disable_reason', (e->>'rows_affected')::bigint,
