@@ -142,8 +142,8 @@ class Recovery(Dispatch):
             # not). The slots it thereby passes over are recorded like any skipped slots.
             nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
             if a.schedule is not None:
-                skipped = schedule.skipped_slots(a.schedule, plan_time=a.plan_time, finish=nxt - a.schedule_delay
-                                                 - timedelta(microseconds=1))
+                last = schedule.plan_of(nxt, a.schedule_delay) - timedelta(microseconds=1)
+                skipped = schedule.skipped_slots(a.schedule, plan_time=a.plan_time, finish=last)
         return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=end.disable_reason or why,
                       next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=skipped,
                       # Fenced on the lease we found stale: if its holder or another scheduler acted

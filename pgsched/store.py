@@ -356,7 +356,8 @@ class Store:
         if not changes:
             return 0
         payload = [{
-            "job_id": b.job_id, "old_next": _iso(b.next_start), "new_next": _iso(d.plan + b.schedule_delay),
+            "job_id": b.job_id, "old_next": _iso(b.next_start),
+            "new_next": _iso(schedule.eligible_at(d.plan, b.schedule_delay)),
             "missed": d.missed, "first": _iso(d.first_missed), "last": _iso(d.last_missed),
             "policy": f"catch_up = {b.policy.mode}",
         } for b, d in changes]

@@ -816,3 +816,12 @@ def test_vixie_day_rule_star_prefixed_field_means_and() -> None:
     both = cron_next_n(parse_cron("0 0 */13 * THU"), utc, u(2026, 1, 1, 1), 3)
     assert all(t.day in (1, 14, 27) and t.isoweekday() == 4 for t in both)
     assert both[0] == u(2026, 5, 14)
+
+
+def test_schedule_delay_rule_and_its_inverse() -> None:
+    from pgsched.schedule import eligible_at, plan_of
+
+    plan = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # a night with a DST change in Berlin: elapsed time regardless
+    delay = timedelta(days=1, minutes=5)
+    assert eligible_at(plan, delay) == datetime(2026, 3, 30, 0, 35, tzinfo=UTC)
+    assert plan_of(eligible_at(plan, delay), delay) == plan
