@@ -152,9 +152,9 @@ def run_cmd(job_id: int, dsn: str | None, apps: tuple[str, ...]) -> None:
         result = pyjob.run_now(target, job_id)
     except (PgschedError, psycopg.Error) as e:
         raise click.ClickException(str(e).strip()) from None
-    if not result["ok"]:
-        raise click.ClickException(f"job {job_id} failed: {result.get('message')}")
-    click.echo(f"job {job_id} succeeded" + (f": {result['result']}" if result.get("result") is not None else ""))
+    if not result.ok:
+        raise click.ClickException(f"job {job_id} failed: {result.message}")
+    click.echo(f"job {job_id} succeeded" + (f": {result.result}" if result.result is not None else ""))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import psycopg
 
-from pgsched import launcher
+from pgsched import launcher, protocol
 from pgsched.errors import first_line
 from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
@@ -159,14 +159,13 @@ class Dispatch(LoopState):
             if not alive:
                 self._reap(worker)
 
-    def _on_worker_event(self, worker: Worker, ev: dict[str, object]) -> None:
-        kind = ev.get("event")
-        if kind in ("ready", "backend"):
-            worker.backend_pid = int(str(ev["backend_pid"]))
-            worker.role = str(ev.get("role") or "") or None
+    def _on_worker_event(self, worker: Worker, ev: protocol.Event) -> None:
+        if isinstance(ev, protocol.Ready | protocol.Backend):
+            worker.backend_pid = ev.backend_pid
+            worker.role = ev.role or None
             if worker.run is not None:
                 worker.run.backend_pid, worker.run.pids_changed = worker.backend_pid, True
-        if kind == "ready":
+        if isinstance(ev, protocol.Ready):
             worker.ready = True
             self._spawn_failures = 0
             self.dirty = self.dirty or self.next_due is not None
@@ -174,50 +173,46 @@ class Dispatch(LoopState):
                 self._announced_ready = True
                 log.info("ready: %d workers connected, %.2fs after start", len(self.workers),
                          time.monotonic() - self.started_mono)
-        elif kind == "done":
+        elif isinstance(ev, protocol.Done):
             run = worker.run
-            if run is None or run.run_id != ev.get("run_id"):
-                log.warning("worker %s reported an unknown run %s", worker.pid, ev.get("run_id"))
+            if run is None or run.run_id != ev.run_id:
+                log.warning("worker %s reported an unknown run %s", worker.pid, ev.run_id)
                 return
-            raw_state = ev.get("sqlstate")
-            sqlstate = raw_state if isinstance(raw_state, str) else None
-            detail = str(ev.get("message")) if ev.get("message") is not None else None
+            sqlstate = ev.sqlstate
+            detail = ev.message
             msg: str | None
-            if ev.get("ok"):
+            if ev.ok:
                 outcome, sqlstate, msg = Outcome.SUCCESS, None, None
-            elif ev.get("lost"):
+            elif ev.lost:
                 outcome, msg = Outcome.CRASH, f"database connection lost: {detail}"
             else:
                 outcome, msg = Outcome.FAILURE, detail
             if run.forced:
                 outcome = Outcome(run.forced)
                 msg = self._forced_message(run, msg)
-            if ev.get("owner_unusable"):
+            if ev.owner_unusable:
                 # A dropped role or one that may not log in: retrying would only fail again.
                 worker.run = None
                 self._end_run(run, Outcome.FAILURE, sqlstate, msg, disable_reason=msg)
                 return
-            if ev.get("lost") or run.forced:
+            if ev.lost or run.forced:
                 worker.retiring = True
             worker.run = None
-            rows = ev.get("rows_affected")
-            scopes = ev.get("scopes")
-            self._end_run(run, outcome, sqlstate, msg, rows if isinstance(rows, int) else None,
-                          ev.get("result") if outcome is Outcome.SUCCESS else None,
-                          scopes=[str(k) for k in scopes] if isinstance(scopes, list) and outcome is Outcome.SUCCESS
-                          else None)
+            success = outcome is Outcome.SUCCESS
+            self._end_run(run, outcome, sqlstate, msg, ev.rows_affected, ev.result if success else None,
+                          scopes=ev.scopes if success else None)
             if worker.retiring:
                 worker.close_stdin()
-        elif kind == "lost":
+        elif isinstance(ev, protocol.Lost):
             worker.retiring = True  # its connection died after its run ended: replace it
-        elif kind == "error":
+        elif isinstance(ev, protocol.Failed):
             # Typically the connection limit, or a server still starting: back off rather than
             # respawn in a loop. Workers of one round fail together: that is one failure, not eight.
             if time.monotonic() >= self._spawn_at:
                 self._spawn_failures += 1
             delay = min(0.1 * 2 ** self._spawn_failures, 5.0) * self.rng.uniform(0.8, 1.2)
             self._spawn_at = max(self._spawn_at, time.monotonic() + delay)
-            log.error("worker %s could not start (retrying in %.1fs): %s", worker.pid, delay, ev.get("message"))
+            log.error("worker %s could not start (retrying in %.1fs): %s", worker.pid, delay, ev.message)
 
     def _reap(self, worker: Worker) -> None:
         with contextlib.suppress(KeyError, ValueError):

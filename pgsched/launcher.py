@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgsched import protocol
 from pgsched.model import Run
 
 log = logging.getLogger("pgsched.launcher")
@@ -34,7 +35,7 @@ class Worker:
     run: Run | None = None
     retiring: bool = False  # do not give it another run
     _buf: bytes = b""
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[protocol.Event] = field(default_factory=list)
 
     def fileno(self) -> int:
         assert self.proc.stdout is not None
@@ -62,9 +63,9 @@ class Worker:
         for line in lines:
             if line.strip():
                 try:
-                    self.events.append(json.loads(line))
-                except ValueError:
-                    log.warning("worker %s wrote a line that is not JSON: %r", self.pid, line[:200])
+                    self.events.append(protocol.decode(line))
+                except protocol.ProtocolError as e:
+                    log.warning("worker %s broke the protocol: %s", self.pid, e)
         return True
 
     def signal_group(self, sig: signal.Signals) -> None:

@@ -1,16 +1,81 @@
-"""The scheduler's in-memory records: a claimed run and its job's definition.
+"""The scheduler's in-memory records: a job's settings, a claimed run and its job's definition.
 
 Only runs in progress are held in memory; the catalog stays the source of truth.
+JobSettings is the Python side of the one definition of a job's settings, SQL's
+pgsched.job_settings (sql/api/10_jobs.sql): same names, order and defaults, which
+tests/integration/test_settings_contract.py checks against the database.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
 from pgsched.catchup import Policy
+from pgsched.protocol import run_app_name
 from pgsched.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """A job's settings, as SQL's pgsched.job_settings defines them (intervals as timedelta)."""
+
+    schedule: str
+    fixed_schedule: bool = True
+    initial_start: datetime | None = None
+    timezone: str | None = None
+    config: Any = None
+    scheduled: bool = True
+    job_name: str | None = None
+    max_runtime: timedelta | None = None
+    max_retries: int = -1
+    retry_period: timedelta = timedelta(minutes=5)
+    catch_up: str = "latest"
+    catch_up_window: timedelta | None = None
+    max_plans_per_tick: int = 100
+    schedule_delay: timedelta = timedelta(0)
+    allow_stale_reentry: bool = False
+    scope_query: str | None = None
+
+    @classmethod
+    def from_catalog(cls, row: dict[str, Any]) -> JobSettings:
+        """The settings in a job row read as jsonb (the launch row's `settings`), each by its field's type.
+
+        A field missing from the row raises KeyError: the catalog and this class disagree.
+        """
+        return cls(**{f.name: _READERS[str(f.type)](row[f.name]) for f in fields(cls)})
+
+
+# PostgreSQL's interval output in IntervalStyle 'postgres' (the store pins it): '1 year 2 mons
+# -3 days +04:05:06.5'. Read as extract(epoch FROM interval) reads it: a year is 365.25 days,
+# a month 30, a day 24 hours.
+_INTERVAL_UNIT = re.compile(r"(-?\d+) (year|mon|day)s?")
+_INTERVAL_CLOCK = re.compile(r"([+-]?)(\d+):(\d{2}):(\d{2}(?:\.\d+)?)")
+_UNIT_DAYS = {"year": 365.25, "mon": 30.0, "day": 1.0}
+
+
+def _interval(text: str) -> timedelta:
+    days = sum(int(n) * _UNIT_DAYS[unit] for n, unit in _INTERVAL_UNIT.findall(text))
+    clock = _INTERVAL_CLOCK.search(text)
+    secs = 0.0
+    if clock:
+        sign, h, m, sec = clock.groups()
+        secs = (-1 if sign == "-" else 1) * (int(h) * 3600 + int(m) * 60 + float(sec))
+    return timedelta(days=days, seconds=secs)
+
+
+def _timestamp(value: str | None) -> datetime | None:
+    # +/-infinity (possible only by writing the catalog by hand) reads as no time, as the claim's columns do.
+    return None if value is None or value.endswith("infinity") else datetime.fromisoformat(value)
+
+
+_READERS: dict[str, Any] = {
+    "str": str, "str | None": lambda v: v, "bool": bool, "int": int, "Any": lambda v: v,
+    "datetime | None": _timestamp,
+    "timedelta": _interval, "timedelta | None": lambda v: None if v is None else _interval(v),
+}
 
 
 @dataclass(frozen=True)
@@ -74,8 +139,5 @@ class Run:
 
     @property
     def app_name(self) -> str:
-        """application_name of the run's backend: names the job, run and lease in pg_stat_activity.
-
-        The lease token tells a taken-over attempt's backend from the stale one's.
-        """
-        return f"pgsched job {self.job.job_id} run {self.run_id} lease {self.lease_token}"
+        """application_name of the run's backend (pgsched.protocol.run_app_name)."""
+        return run_app_name(self.job.job_id, self.run_id, self.lease_token)

@@ -18,10 +18,9 @@ from typing import Any
 import psycopg
 import psycopg.types.json
 
-from pgsched import app
+from pgsched import app, protocol
+from pgsched.protocol import Done
 
-# Messages stay small: history rows are read by people.
-MAX_MESSAGE = 4000
 TRACEBACK_LINES = 15
 
 
@@ -58,23 +57,22 @@ class Heartbeat:
 
 
 def describe(e: BaseException) -> str:
-    """Type, message and the last frames of the traceback, within MAX_MESSAGE."""
+    """Type, message and the last frames of the traceback, within protocol.MAX_MESSAGE."""
     head = f"{type(e).__name__}: {e}"
     frames = traceback.format_exception(type(e), e, e.__traceback__)
     tail = "".join(frames).rstrip().splitlines()[-TRACEBACK_LINES:]
     text = head + "\n" + "\n".join(tail)
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+    return protocol.cap(text)
 
 
-def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> dict[str, Any]:
+def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> Done:
     """Run the handler of `msg` on `conn` (in autocommit mode on entry and on return)."""
-    result: dict[str, Any] = {"event": "done", "run_id": msg["run_id"], "ok": True}
+    run_id = int(msg["run_id"])
     spec = find(msg)
     if spec is None:
-        result.update(ok=False, sqlstate="42883",
-                      message=f"no @pgsched.job handler {msg.get('code_module')}.{msg.get('code_function')} "
-                              "is loaded in this worker")
-        return result
+        return Done(run_id, ok=False, sqlstate="42883",
+                    message=f"no @pgsched.job handler {msg.get('code_module')}.{msg.get('code_function')} "
+                            "is loaded in this worker")
     plan = msg.get("plan_time")
     handle = app.Run(
         job_id=msg["job_id"], job_name=msg.get("job_name") or spec.name, run_id=msg["run_id"],
@@ -88,20 +86,21 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
         if returned is not None and not isinstance(returned, app.Result):
             raise TypeError(f"the handler returned {type(returned).__name__}; expected pgsched.Result or None")
         conn.commit()
-        if returned is not None:
-            result["rows_affected"], result["result"] = returned.encoded()
+        if returned is None:
+            return Done(run_id, ok=True)
+        rows_affected, result = returned.encoded()
+        return Done(run_id, ok=True, rows_affected=rows_affected, result=result)
     except Exception as e:
         lost = conn.closed or conn.broken
         if not lost:
             conn.rollback()
-        result.update(ok=False, lost=lost, sqlstate=getattr(e, "sqlstate", None), message=describe(e))
+        return Done(run_id, ok=False, lost=lost, sqlstate=getattr(e, "sqlstate", None), message=describe(e))
     finally:
         if not (conn.closed or conn.broken):
             conn.autocommit = True
-    return result
 
 
-def run_now(dsn: str, job_id: int) -> dict[str, Any]:
+def run_now(dsn: str, job_id: int) -> Done:
     """Run a Python job once, now, in this process, recorded like any run (trigger 'manual').
 
     The app modules must already be imported. Returns the outcome message.
@@ -118,7 +117,7 @@ def run_now(dsn: str, job_id: int) -> dict[str, Any]:
         name, kind, module, function, config = row
         if kind != "python":
             conn.execute("CALL pgsched.run_job(%s)", (job_id,))
-            return {"ok": True}
+            return Done(0, ok=True)
         run_id = conn.execute(
             "SELECT pgsched._mark_start(%s, clock_timestamp(), 'manual', %s, pg_backend_pid())",
             (job_id, os.getpid())).fetchone()
@@ -132,7 +131,7 @@ def run_now(dsn: str, job_id: int) -> dict[str, Any]:
             heartbeat.close()
         conn.execute(
             "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, clock_timestamp(), NULL, %s, %s)",
-            (run_id[0], "success" if result["ok"] else "failure", result.get("sqlstate"), result.get("message"),
-             result.get("rows_affected"), psycopg.types.json.Jsonb(result.get("result"))),
+            (run_id[0], "success" if result.ok else "failure", result.sqlstate, result.message,
+             result.rows_affected, psycopg.types.json.Jsonb(result.result)),
         )
         return result

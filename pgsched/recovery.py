@@ -15,20 +15,21 @@ from datetime import datetime, timedelta
 
 from pgsched import schedule
 from pgsched.dispatch import Dispatch
-from pgsched.state import JobState, Outcome, RunEnd, after_crash
+from pgsched.state import REENTRANT_CAUSES, AbandonedCause, JobState, Outcome, RunEnd, after_crash
 from pgsched.store import Abandoned, Finish
 
 log = logging.getLogger("pgsched.scheduler")
 
 # Why a run was found abandoned, by pgsched._abandoned_runs' cause.
 _ABANDONED = {
-    "stopped": "{holder} stopped before the run ended",
-    "gone": "{holder} lost its database session (process killed or connection lost) before the run ended",
-    "stale": "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off); the plan is not "
-             "run again automatically: run_job() runs the job now, allow_stale_reentry lets an idempotent job's "
-             "plan be taken over",
-    "session": "the session that called run_job ended before the run did",
-    "lost": "this scheduler lost track of the run (a claim or close lost with the connection)",
+    AbandonedCause.STOPPED: "{holder} stopped before the run ended",
+    AbandonedCause.GONE: "{holder} lost its database session (process killed or connection lost) before the run "
+                         "ended",
+    AbandonedCause.STALE: "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off); the plan "
+                          "is not run again automatically: run_job() runs the job now, allow_stale_reentry lets an "
+                          "idempotent job's plan be taken over",
+    AbandonedCause.SESSION: "the session that called run_job ended before the run did",
+    AbandonedCause.LOST: "this scheduler lost track of the run (a claim or close lost with the connection)",
 }
 
 
@@ -88,7 +89,7 @@ class Recovery(Dispatch):
         or another instance's): taking it over is the point, closing it would lose the plan.
         """
         assert self.store is not None and self.instance_id is not None
-        reentry = [a for a in found if a.reentry and a.cause in ("stopped", "gone", "stale")
+        reentry = [a for a in found if a.reentry and a.cause in REENTRANT_CAUSES
                    and (a.code_module is None or a.code_module in self.settings.apps)]
         if not reentry:
             return found
@@ -123,8 +124,7 @@ class Recovery(Dispatch):
 
     def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
         self._terminate_abandoned_backend(a)
-        why = _ABANDONED.get(a.cause, "the run's scheduler or session ended before the run did").format(
-            holder=a.holder, dead_after=self.settings.dead_after)
+        why = _ABANDONED[a.cause].format(holder=a.holder, dead_after=self.settings.dead_after)
         log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why)
         if a.scope:
             # One scope of a plan: its end does not move the job's schedule (its plan run's does).
@@ -142,8 +142,8 @@ class Recovery(Dispatch):
             # not). The slots it thereby passes over are recorded like any skipped slots.
             nxt = max(nxt, now + timedelta(seconds=self.settings.crash_wait))
             if a.schedule is not None:
-                skipped = schedule.skipped_slots(a.schedule, plan_time=a.plan_time, finish=nxt - a.schedule_delay
-                                                 - timedelta(microseconds=1))
+                last = schedule.plan_of(nxt, a.schedule_delay) - timedelta(microseconds=1)
+                skipped = schedule.skipped_slots(a.schedule, plan_time=a.plan_time, finish=last)
         return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=end.disable_reason or why,
                       next_start=nxt, finished_at=now, disable_reason=end.disable_reason, skipped=skipped,
                       # Fenced on the lease we found stale: if its holder or another scheduler acted

@@ -60,6 +60,7 @@ __all__ = [
     "check_interval",
     "cron_next",
     "cron_next_n",
+    "eligible_at",
     "first_start",
     "looks_like_cron",
     "next_after_crash",
@@ -67,6 +68,7 @@ __all__ = [
     "next_after_success",
     "parse_cron",
     "parse_interval",
+    "plan_of",
     "previous_slots",
     "skipped_slots",
     "validate_cron_at",
@@ -267,6 +269,19 @@ def _first_slot_after(s: Schedule, origin: datetime, t: datetime) -> tuple[int, 
         k += 1
         slot = _slot(s, origin, k)
     return k, slot
+
+
+def eligible_at(plan: datetime, delay: timedelta) -> datetime:
+    """When a plan may start: its plan time + the job's schedule_delay, as elapsed time (job_stat.next_start).
+
+    The one Python statement of the rule; the SQL one is pgsched._delayed (sql/api/10_jobs.sql).
+    """
+    return plan + delay
+
+
+def plan_of(next_start: datetime, delay: timedelta) -> datetime:
+    """The plan time a next_start (or any eligible instant) belongs to: the inverse of eligible_at."""
+    return next_start - delay
 
 
 def first_start(s: Schedule, now: datetime) -> datetime:

@@ -157,15 +157,15 @@ class Scheduler(Recovery):
                 continue
             now = self.clock.now()
             try:
-                d = catchup.decide(b.schedule, b.policy, plan=b.next_start - b.schedule_delay,
-                                   horizon=now - b.schedule_delay)
+                d = catchup.decide(b.schedule, b.policy, plan=schedule.plan_of(b.next_start, b.schedule_delay),
+                                   horizon=schedule.plan_of(now, b.schedule_delay))
             except (ValueError, OverflowError):
                 continue  # the claim or the end of the run disables it with the reason
             if d.missed:
                 log.warning("job %s is behind (catch_up = %s): %d plan(s) from %s to %s missed; next plan %s",
                             b.job_id, b.policy.mode, d.missed, _iso(d.first_missed), _iso(d.last_missed),
                             d.plan.isoformat())
-            if d.missed or d.plan != b.next_start - b.schedule_delay:
+            if d.missed or d.plan != schedule.plan_of(b.next_start, b.schedule_delay):
                 changes.append((b, d))
         self.store.catch_up(changes)
 

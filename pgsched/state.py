@@ -62,6 +62,20 @@ _ROUTINE = {(JobState.SCHEDULED, JobState.STARTING), (JobState.STARTING, JobStat
             (None, JobState.STARTING)}
 
 
+class AbandonedCause(StrEnum):
+    """Why pgsched._abandoned_runs found a run nobody will finish (its `cause` column, exactly these values)."""
+
+    STOPPED = "stopped"  # its scheduler stopped (or its instance row is gone)
+    GONE = "gone"  # its scheduler's session ended and it stopped heartbeating (kill -9, lost connection)
+    STALE = "stale"  # its lease was not renewed for dead_after (a paused or partitioned scheduler)
+    SESSION = "session"  # the session of a run_job call ended
+    LOST = "lost"  # a run of our own that we do not hold (a claim or close lost with the connection)
+
+
+# A stale run of a job with allow_stale_reentry is taken over for these causes; the others close it.
+REENTRANT_CAUSES = frozenset({AbandonedCause.STOPPED, AbandonedCause.GONE, AbandonedCause.STALE})
+
+
 def log_change(job_id: int, before: str | None, after: str | None, why: str) -> None:
     """Log a change of a job's state as the database reported it.
 
@@ -112,7 +126,7 @@ def end_of_run(
     """
     delay = job.schedule_delay
     try:
-        end = _next(job, outcome=outcome, plan_time=plan_time, finish=finish - delay,
+        end = _next(job, outcome=outcome, plan_time=plan_time, finish=schedule.plan_of(finish, delay),
                     failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
     except (ValueError, OverflowError) as e:
         return RunEnd(outcome, None, JobState.DISABLED, unusable(e))
@@ -123,9 +137,9 @@ def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, cra
                 retry_period: timedelta, rng: random.Random, delay: timedelta = timedelta(0)) -> RunEnd:
     """Next start of a run found crashed at `now` (crashes: the counter including this one)."""
     try:
-        nxt = schedule.next_after_crash(s, plan_time=plan_time, now=now - delay, crashes=crashes,
+        nxt = schedule.next_after_crash(s, plan_time=plan_time, now=schedule.plan_of(now, delay), crashes=crashes,
                                         retry_period=retry_period, rng=rng)
-        skipped = _skipped(s, plan_time, now - delay)
+        skipped = _skipped(s, plan_time, schedule.plan_of(now, delay))
     except (ValueError, OverflowError) as e:
         return RunEnd(Outcome.CRASH, None, JobState.DISABLED, unusable(e))
     return _delayed(RunEnd(Outcome.CRASH, nxt, JobState.SCHEDULED, skipped=skipped), delay)
@@ -134,7 +148,7 @@ def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, cra
 def _delayed(end: RunEnd, delay: timedelta) -> RunEnd:
     if end.next_start is None or not delay:
         return end
-    return replace(end, next_start=end.next_start + delay)
+    return replace(end, next_start=schedule.eligible_at(end.next_start, delay))
 
 
 def _skipped(s: schedule.Schedule, plan_time: datetime, until: datetime) -> tuple[int, datetime | None,

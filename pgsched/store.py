@@ -27,8 +27,9 @@ from psycopg.types.json import Jsonb
 from pgsched import migrate, schedule
 from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
-from pgsched.model import Job, Run
+from pgsched.model import Job, JobSettings, Run
 from pgsched.schedule import Interval, Schedule
+from pgsched.state import AbandonedCause
 
 log = logging.getLogger("pgsched.store")
 
@@ -112,7 +113,7 @@ class Abandoned:
     job_id: int
     plan_time: datetime
     lease_token: int | None
-    cause: str  # stopped | gone | stale | session | lost
+    cause: AbandonedCause
     holder: str | None
     orphan_app: str
     orphan_pid: int | None  # a backend still running it
@@ -171,6 +172,8 @@ class Store:
         # The loop is single-threaded: a catalog row someone keeps locked in an open transaction
         # must cost it one failed statement, retried next round, not a freeze.
         self.conn.execute("SET lock_timeout = '1s'")
+        # The launch row's settings carry intervals as text: one style, the one JobSettings reads.
+        self.conn.execute("SET IntervalStyle = 'postgres'")
         # A notification that arrives while one of our statements runs is taken off
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
@@ -365,7 +368,8 @@ class Store:
         if not changes:
             return 0
         payload = [{
-            "job_id": b.job_id, "old_next": _iso(b.next_start), "new_next": _iso(d.plan + b.schedule_delay),
+            "job_id": b.job_id, "old_next": _iso(b.next_start),
+            "new_next": _iso(schedule.eligible_at(d.plan, b.schedule_delay)),
             "missed": d.missed, "first": _iso(d.first_missed), "last": _iso(d.last_missed),
             "policy": f"catch_up = {b.policy.mode}",
         } for b, d in changes]
@@ -423,16 +427,19 @@ class Store:
 
 
 def _job_from_row(row: dict[str, Any]) -> Job:
-    max_runtime = row["max_runtime_s"]
+    """A launch row's job: its settings read by name from its `settings` (pgsched.model.JobSettings)."""
+    s = JobSettings.from_catalog(row["settings"])
     return Job(
         job_id=row["job_id"], job_name=row["job_name"], kind=row["kind"], owner=row["owner"],
         proc_schema=row["proc_schema"], proc_name=row["proc_name"], is_procedure=row["is_procedure"],
         command=row["command"], code_module=row["code_module"], code_function=row["code_function"],
-        config=row["config"], schedule=schedule_from_row(row),
-        max_runtime=None if max_runtime is None else timedelta(seconds=max_runtime),
-        max_retries=row["max_retries"], retry_period=timedelta(seconds=row["retry_period_s"]),
-        catch_up=_policy(row), schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0),
-        allow_stale_reentry=bool(row["allow_stale_reentry"]), scope_query=row["scope_query"],
+        config=s.config,
+        schedule=schedule_from_row({"schedule": s.schedule, "fixed_schedule": s.fixed_schedule,
+                                    "initial_start": s.initial_start, "timezone": s.timezone,
+                                    "months": row["months"], "days": row["days"], "micros": row["micros"]}),
+        max_runtime=s.max_runtime, max_retries=s.max_retries, retry_period=s.retry_period,
+        catch_up=Policy(s.catch_up, s.catch_up_window, s.max_plans_per_tick), schedule_delay=s.schedule_delay,
+        allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query,
     )
 
 
@@ -506,7 +513,7 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         problem = f"invalid schedule in the catalog: {e}"
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"], lease_token=row["lease_token"],
-        cause=row["cause"], holder=row["holder"], orphan_app=row["orphan_app"],
+        cause=AbandonedCause(row["cause"]), holder=row["holder"], orphan_app=row["orphan_app"],
         orphan_pid=row["orphan_pid"], reentry=bool(row["allow_stale_reentry"]),
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
         retry_period=timedelta(seconds=row["retry_period_s"]),

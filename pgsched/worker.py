@@ -5,10 +5,15 @@ session (process group) with the DSN in PGSCHED_WORKER_DSN. It keeps one
 database connection and runs one job at a time:
 
   parent -> worker (stdin, one JSON object per line): a run to execute
-  worker -> parent (stdout, one JSON object per line):
-      {"event": "ready", "pid": .., "backend_pid": ..}          once connected
-      {"event": "done", "run_id": .., "ok": true}                the job succeeded
-      {"event": "done", "run_id": .., "ok": false, "sqlstate": .., "message": .., "lost": bool}
+  worker -> parent (stdout, one JSON object per line): the events of pgsched.protocol, one record
+  type per kind, encoded with protocol.encode:
+      Ready(pid, backend_pid, role)         once connected and its app modules imported
+      Backend(run_id, backend_pid, role)    it opened a new session for a run (another owner, or
+                                            the idle session was closed under it)
+      Done(run_id, ok, sqlstate, message, lost, owner_unusable, rows_affected, result, scopes)
+                                            a run ended (lost: its connection died with it)
+      Lost()                                its idle session was lost after a run: it exits
+      Failed(message)                       it could not connect or import the app modules: it exits
 
 Exit codes: 0 when stdin closes (the parent let it go), 3 when it cannot
 connect, 4 after its connection was lost. Any other code or a signal is a crash,
@@ -33,13 +38,12 @@ import psycopg.conninfo
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pgsched import pyjob
+from pgsched import protocol, pyjob
+from pgsched.protocol import Backend, Done, Failed, Lost, Ready
 
 EXIT_OK = 0
 EXIT_CONNECT = 3
 EXIT_LOST = 4
-# Messages and stored text stay small: history rows are read by people.
-MAX_MESSAGE = 4000
 # How often (ms) a job's backend checks that its worker is still there (PostgreSQL 14+).
 CHECK_CLIENT_MS = 250
 # A scoped job's plan queues one run per key: bounded, so that a runaway query cannot flood the history.
@@ -61,9 +65,9 @@ def _die_with_parent() -> None:
         os._exit(EXIT_OK)
 
 
-def _emit(out: IO[str], obj: dict[str, Any]) -> None:
+def _emit(out: IO[str], event: protocol.Event) -> None:
     try:
-        out.write(json.dumps(obj) + "\n")
+        out.write(protocol.encode(event) + "\n")
         out.flush()
     except BrokenPipeError:
         # The scheduler is gone (killed: PR_SET_PDEATHSIG's SIGKILL is on its way); nobody reads us.
@@ -161,22 +165,21 @@ def _wait_for_start(msg: dict[str, Any]) -> None:
         time.sleep(min(delay, 1.0))
 
 
-def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob.Heartbeat) -> dict[str, Any]:
+def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob.Heartbeat) -> Done:
     """Execute one run; the result message for the parent."""
-    result: dict[str, Any] = {"event": "done", "run_id": msg["run_id"], "ok": True}
+    run_id = int(msg["run_id"])
     settings = _session_settings(msg)
     setters = sql.SQL(", ").join(
         sql.SQL("pg_catalog.set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings
     )
     if msg.get("scope_query"):
-        return _fan_out(conn, msg, result, setters)
+        return _fan_out(conn, msg, run_id, setters)
     if msg["kind"] == "python":
         try:
             conn.execute(sql.SQL("SELECT {}").format(setters))
         except psycopg.Error as e:
-            result.update(ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
-                          message=(e.diag.message_primary or str(e))[:MAX_MESSAGE])
-            return result
+            return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
+                        message=protocol.cap(e.diag.message_primary or str(e)))
         _wait_for_start(msg)
         return pyjob.run(conn, msg, heartbeat)
     try:
@@ -194,17 +197,15 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
             # A command like 'BEGIN; UPDATE ...' left its transaction open: nothing of it is
             # committed, and the session must be clean for the next run.
             conn.execute("ROLLBACK")
-            result.update(ok=False, sqlstate="25001",
-                          message="the job left a transaction open (BEGIN without COMMIT); it was rolled back")
+            return Done(run_id, ok=False, sqlstate="25001",
+                        message="the job left a transaction open (BEGIN without COMMIT); it was rolled back")
     except psycopg.Error as e:
-        lost = conn.closed or conn.broken
-        result.update(ok=False, sqlstate=e.sqlstate, lost=lost,
-                      message=(e.diag.message_primary or str(e) or type(e).__name__)[:MAX_MESSAGE])
-    return result
+        return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
+                    message=protocol.cap(e.diag.message_primary or str(e) or type(e).__name__))
+    return Done(run_id, ok=True)
 
 
-def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], result: dict[str, Any],
-             setters: sql.Composable) -> dict[str, Any]:
+def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, setters: sql.Composable) -> Done:
     """The plan run of a scoped job: read its scope keys, as its owner, in a read-only transaction.
 
     The query is wrapped as a subquery, so it must be one query returning rows; the first
@@ -232,18 +233,15 @@ def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], result: dict[st
             assert res is not None
             raw = [res.get_value(i, 0) for i in range(res.ntuples)] if res.nfields else []
     except psycopg.Error as e:
-        result.update(ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
-                      message=f"scope_query: {e.diag.message_primary or e}"[:MAX_MESSAGE])
-        return result
+        return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
+                    message=protocol.cap(f"scope_query: {e.diag.message_primary or e}"))
     keys = list(dict.fromkeys(k for k in (bytes(v).decode() for v in raw if v is not None) if k))
     if len(raw) > MAX_SCOPES or any(len(k) > MAX_SCOPE_KEY for k in keys):
-        result.update(ok=False, sqlstate="54000",
-                      message=f"scope_query returned more than {MAX_SCOPES} rows or a key longer than "
-                              f"{MAX_SCOPE_KEY} characters; at most {MAX_SCOPES} keys of at most {MAX_SCOPE_KEY} "
-                              "characters are accepted")
-        return result
-    result.update(scopes=keys, result={"scopes": len(keys)})
-    return result
+        return Done(run_id, ok=False, sqlstate="54000",
+                    message=f"scope_query returned more than {MAX_SCOPES} rows or a key longer than "
+                            f"{MAX_SCOPE_KEY} characters; at most {MAX_SCOPES} keys of at most {MAX_SCOPE_KEY} "
+                            "characters are accepted")
+    return Done(run_id, ok=True, scopes=keys, result={"scopes": len(keys)})
 
 
 def reset_session(conn: psycopg.Connection[Any]) -> bool:
@@ -268,15 +266,15 @@ def main() -> int:
     try:
         session = Session(dsn)
     except psycopg.Error as e:
-        _emit(out, {"event": "error", "message": str(e)[:MAX_MESSAGE]})
+        _emit(out, Failed(protocol.cap(str(e))))
         return EXIT_CONNECT
     try:
         pyjob.import_apps([m for m in os.environ.get("PGSCHED_APP_MODULES", "").split(",") if m])
     except Exception as e:
-        _emit(out, {"event": "error", "message": f"cannot import the app modules: {pyjob.describe(e)}"})
+        _emit(out, Failed(protocol.cap(f"cannot import the app modules: {pyjob.describe(e)}")))
         return EXIT_CONNECT
     heartbeat = pyjob.Heartbeat(dsn)
-    _emit(out, {"event": "ready", "pid": os.getpid(), "backend_pid": session.backend_pid, "role": session.role})
+    _emit(out, Ready(pid=os.getpid(), backend_pid=session.backend_pid, role=session.role))
     for line in _requests(session):
         msg = json.loads(line)
         if not _idle_session_alive(session.conn):
@@ -286,32 +284,29 @@ def main() -> int:
                 session.reconnect()
             except psycopg.Error:
                 return EXIT_LOST
-            _emit(out, {"event": "backend", "run_id": msg["run_id"], "backend_pid": session.backend_pid,
-                        "role": session.role})
+            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role))
         owner = msg.get("owner")
         if not owner:
             # Never fall back to the scheduler's own role.
-            _emit(out, {"event": "done", "run_id": msg["run_id"], "ok": False, "owner_unusable": True,
-                        "sqlstate": "28000", "message": "the run names no owner: refused"})
+            _emit(out, Done(msg["run_id"], ok=False, owner_unusable=True, sqlstate="28000",
+                            message="the run names no owner: refused"))
             continue
         if owner != session.role:
             try:
                 session.become(owner)
             except psycopg.Error as e:
-                _emit(out, {"event": "done", "run_id": msg["run_id"], "ok": False, "owner_unusable": True,
-                            "sqlstate": e.sqlstate or "28000",
-                            "message": f"cannot open a session as the job's owner {owner}: "
-                                       f"{str(e).strip()}"[:MAX_MESSAGE]})
+                _emit(out, Done(msg["run_id"], ok=False, owner_unusable=True, sqlstate=e.sqlstate or "28000",
+                                message=protocol.cap(f"cannot open a session as the job's owner {owner}: "
+                                                     f"{str(e).strip()}")))
                 continue
-            _emit(out, {"event": "backend", "run_id": msg["run_id"], "backend_pid": session.backend_pid,
-                        "role": session.role})
+            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role))
         result = run_one(session.conn, msg, heartbeat)
         # Report first, then reset: the reset overlaps the parent's bookkeeping.
         _emit(out, result)
-        if result.get("lost"):
+        if result.lost:
             return EXIT_LOST
         if not reset_session(session.conn):
-            _emit(out, {"event": "lost"})
+            _emit(out, Lost())
             return EXIT_LOST
     return EXIT_LOST if session.conn.closed or session.conn.broken else EXIT_OK
 

@@ -20,13 +20,17 @@ BEGIN
 END
 $$;
 
--- A schedule_delay as elapsed time ('1 day' = 24 hours whatever the session's time zone),
--- the way the scheduler adds it (pgsched/state.py): next_start = plan time + this.
--- _claim writes the same expression out, to stay inlined.
-CREATE OR REPLACE FUNCTION pgsched._as_elapsed(delay interval)
-RETURNS interval LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pg_catalog.make_interval(secs => extract(epoch FROM delay))
+-- The rule of schedule_delay, once: a plan becomes eligible (job_stat.next_start) at its plan
+-- time + schedule_delay, the delay added as elapsed time ('1 day' = 24 hours whatever the
+-- session's time zone), so that _delayed(t, -delay) undoes it exactly (the claim takes
+-- plan_time = _delayed(next_start, -delay)). The scheduler adds it the same way in
+-- pgsched/state.py (_delayed). No SET clause, unlike the other functions here, so that PostgreSQL
+-- inlines it into the claim's query (a pinned search_path would make it a call per row);
+-- every name in it is qualified.
+SELECT pgsched._drop_functions(ARRAY['_as_elapsed']);  -- _delayed's forerunner
+CREATE OR REPLACE FUNCTION pgsched._delayed(t timestamptz, delay interval)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT t + pg_catalog.make_interval(secs => extract(epoch FROM delay))
 $$;
 
 -- Raised for bad API input: one place decides the SQLSTATE and the message shape
@@ -202,14 +206,29 @@ END
 $$;
 
 -- The three stored components of an interval, the form the Python schedule code takes.
+-- Each component is its own function, without a SET clause (names qualified instead), so that
+-- PostgreSQL inlines it where it is used per row (the claim's view pgsched._job_launch).
+CREATE OR REPLACE FUNCTION pgsched._iv_months(iv interval)
+RETURNS integer LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT (extract(year FROM iv) * 12 + extract(month FROM iv))::integer
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._iv_days(iv interval)
+RETURNS integer LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT extract(day FROM iv)::integer
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._iv_micros(iv interval)
+RETURNS bigint LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT ((extract(hour FROM iv) * 3600 + extract(minute FROM iv) * 60) * 1000000
+            + extract(microseconds FROM iv))::bigint
+$$;
+
 CREATE OR REPLACE FUNCTION pgsched._interval_parts(iv interval, OUT months integer, OUT days integer,
                                                    OUT micros bigint)
 LANGUAGE sql IMMUTABLE STRICT
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT (extract(year FROM iv) * 12 + extract(month FROM iv))::integer,
-           extract(day FROM iv)::integer,
-           ((extract(hour FROM iv) * 3600 + extract(minute FROM iv) * 60) * 1000000
-             + extract(microseconds FROM iv))::bigint
+    SELECT pgsched._iv_months(iv), pgsched._iv_days(iv), pgsched._iv_micros(iv)
 $$;
 
 -- Exact schedule check and first start. These SQL versions are the fallback for

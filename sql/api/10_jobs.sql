@@ -54,19 +54,162 @@ BEGIN
 END
 $drop_old$;
 
--- The one place a job row is written from settings; add_job, schedule and
--- alter_job all end here so the checks cannot drift apart.
+-- The internal functions whose arguments changed with pgsched.job_settings (they took every
+-- setting as an argument before): all their versions go, the new ones are created below.
+SELECT pgsched._drop_functions(ARRAY['_check_settings', '_insert_job', '_alter_job']);
+
+-- A job's settings: ONE definition. The type names each setting and its type, in the order of
+-- pgsched.job's columns of the same names (each is stored in that column); _settings_defaults
+-- gives each default; _check_settings checks a whole set. add_job, alter_job, schedule and the
+-- deploy of Python jobs (60_code_jobs.sql) build a pgsched.job_settings by name (jsonb keys,
+-- checked by _settings) and hand it on whole; the job row is written from it by
+-- _store_settings and _store_new_job, whose column lists are read from this type. The
+-- scheduler's launch row carries the job row as jsonb, from which Python reads these settings
+-- by name (pgsched/model.py, JobSettings). Only the public signatures spell the settings out
+-- (PostgreSQL needs each argument written): tests/integration/test_settings_contract.py fails
+-- when they, the table, or the Python side disagree with this definition.
 --
--- scope_query NULL means there is nothing to check: the job is not scoped, or (alter_job,
--- schedule, a deploy) its stored query is not being changed. A given query is planned
--- here, as the caller, exactly as the scheduler will run it (pgsched/worker.py):
--- SELECT s.* FROM (<query>) AS s. VOLATILE because EXPLAIN is a utility statement, which
--- PostgreSQL refuses in a STABLE function. Not SECURITY DEFINER (nor is anything that
+-- Re-created on every install: functions taking it are dropped with it and re-created below
+-- and in 60_code_jobs.sql; nothing stored (no table column) has this type.
+DROP TYPE IF EXISTS pgsched.job_settings CASCADE;
+CREATE TYPE pgsched.job_settings AS (
+    schedule            text,        -- an interval literal or a cron expression
+    fixed_schedule      boolean,
+    initial_start       timestamptz,
+    timezone            text,
+    config              jsonb,
+    scheduled           boolean,
+    job_name            text,        -- NULL: generated at insert
+    max_runtime         interval,
+    max_retries         integer,
+    retry_period        interval,
+    catch_up            text,
+    catch_up_window     interval,
+    max_plans_per_tick  integer,
+    schedule_delay      interval,
+    allow_stale_reentry boolean,
+    scope_query         text
+);
+
+-- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
+CREATE OR REPLACE FUNCTION pgsched._settings_defaults()
+RETURNS pgsched.job_settings LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.jsonb_populate_record(NULL::pgsched.job_settings, pg_catalog.jsonb_build_object(
+        'fixed_schedule', true, 'scheduled', true, 'max_retries', -1, 'retry_period', '5 minutes',
+        'catch_up', 'latest', 'max_plans_per_tick', 100, 'schedule_delay', '0', 'allow_stale_reentry', false))
+$$;
+
+-- `base` with the settings named in `changes` (a jsonb object: setting => value, JSON null for
+-- NULL) replaced. A key that names no setting is refused, so a misspelled name in a caller
+-- fails instead of being ignored. Values are read by their setting's type (an interval from
+-- its text, ...), so callers pin IntervalStyle when they turn intervals into jsonb.
+CREATE OR REPLACE FUNCTION pgsched._settings(base pgsched.job_settings, changes jsonb)
+RETURNS pgsched.job_settings LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    unknown text;
+BEGIN
+    SELECT string_agg(quote_literal(k), ', ') INTO unknown
+      FROM jsonb_object_keys(changes) AS k
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = 'pgsched.job_settings'::regclass AND a.attname = k
+                          AND a.attnum > 0 AND NOT a.attisdropped);
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42703', MESSAGE = format('unknown job setting(s): %s', unknown),
+            HINT = 'the settings are the attributes of the type pgsched.job_settings';
+    END IF;
+    RETURN jsonb_populate_record(base, changes);
+END
+$$;
+
+-- A job's stored settings, read by name from its row.
+CREATE OR REPLACE FUNCTION pgsched._job_settings(j pgsched.job)
+RETURNS pgsched.job_settings LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres' AS $$
+    SELECT pg_catalog.jsonb_populate_record(NULL::pgsched.job_settings, pg_catalog.to_jsonb(j))
+$$;
+
+-- The columns of pgsched.job that hold the settings, in the type's order: the one column list
+-- of the statements below, read from the definition (identifiers from the catalog, quoted).
+CREATE OR REPLACE FUNCTION pgsched._settings_columns()
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = 'pgsched.job_settings'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+$$;
+
+-- Write a job's settings (schedule_interval follows schedule: trigger job_derive_interval).
+CREATE OR REPLACE FUNCTION pgsched._store_settings(job_id integer, s pgsched.job_settings)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE format('UPDATE pgsched.job SET (%s) = (SELECT ($1).*) WHERE job_id = $2', pgsched._settings_columns())
+      USING s, job_id;
+END
+$$;
+
+-- The first time a job's plan becomes eligible: its first plan time (pgsched._first_start)
+-- + schedule_delay (pgsched._delayed). Every way of creating or rescheduling a job uses this.
+CREATE OR REPLACE FUNCTION pgsched._first_next_start(s pgsched.job_settings, iv interval)
+RETURNS timestamptz LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._delayed(pgsched._first_start(s.schedule, iv, s.fixed_schedule, s.initial_start, s.timezone),
+                            s.schedule_delay)
+$$;
+
+-- Insert a job whose settings are checked (iv: their schedule's interval, NULL for cron) and
+-- give it its first next_start. The settings' job_name NULL becomes '<proc> [<id>]'.
+CREATE OR REPLACE FUNCTION pgsched._store_new_job(kind text, proc_schema name, proc_name name, command text,
+                                                  code_module text, code_function text, check_schema name,
+                                                  check_name name, s pgsched.job_settings, iv interval)
+RETURNS integer LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    id integer := nextval(pg_catalog.pg_get_serial_sequence('pgsched.job', 'job_id'));
+BEGIN
+    s.job_name := coalesce(s.job_name, format('%s [%s]', coalesce(proc_name::text, 'command'), id));
+    EXECUTE format('INSERT INTO pgsched.job (job_id, kind, proc_schema, proc_name, command, code_module, '
+                   || 'code_function, check_schema, check_name, %s) '
+                   || 'SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, ($10).*', pgsched._settings_columns())
+      USING id, kind, proc_schema, proc_name, command, code_module, code_function, check_schema, check_name, s;
+    UPDATE pgsched.job_stat st SET next_start = pgsched._first_next_start(s, iv) WHERE st.job_id = id;
+    RETURN id;
+END
+$$;
+
+-- A stored job's settings changed from `old` to `new` (iv: new's interval): a new schedule (its
+-- text, fixed_schedule, origin or time zone) starts over from its first start; the same plan
+-- with another schedule_delay becomes eligible (new - old) later (or earlier).
+CREATE OR REPLACE FUNCTION pgsched._replan(job_id integer, old pgsched.job_settings, new pgsched.job_settings,
+                                           iv interval)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (new.schedule, new.fixed_schedule, new.initial_start, new.timezone)
+       IS DISTINCT FROM (old.schedule, old.fixed_schedule, old.initial_start, old.timezone) THEN
+        UPDATE pgsched.job_stat st SET next_start = pgsched._first_next_start(new, iv)
+         WHERE st.job_id = _replan.job_id;
+    ELSIF new.schedule_delay <> old.schedule_delay THEN
+        UPDATE pgsched.job_stat st
+           SET next_start = pgsched._delayed(pgsched._delayed(st.next_start, -old.schedule_delay),
+                                             new.schedule_delay)
+         WHERE st.job_id = _replan.job_id AND st.next_start IS NOT NULL;
+    END IF;
+END
+$$;
+
+-- Check a whole set of settings; returns the schedule's interval (NULL for a cron expression).
+-- Every entry point checks here, so the checks cannot drift apart.
+--
+-- check_scope false means the scope_query is not checked: it is the stored one, unchanged
+-- (alter_job, schedule, a deploy). A given query is planned here, as the caller, exactly as
+-- the scheduler will run it (pgsched/worker.py): SELECT s.* FROM (<query>) AS s. VOLATILE
+-- because EXPLAIN is a utility statement, which PostgreSQL refuses in a STABLE function. Not SECURITY DEFINER (nor is anything that
 -- calls it): the query is planned with the caller's rights, never the schema owner's.
-CREATE OR REPLACE FUNCTION pgsched._check_settings(
-    schedule text, fixed_schedule boolean, timezone text, max_runtime interval, max_retries integer,
-    retry_period interval, catch_up text, job_name text, catch_up_window interval, max_plans_per_tick integer,
-    schedule_delay interval, allow_stale_reentry boolean, scope_query text)
+CREATE OR REPLACE FUNCTION pgsched._check_settings(s pgsched.job_settings, check_scope boolean DEFAULT true)
 RETURNS interval LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -79,70 +222,70 @@ DECLARE
         || 'removes it)';
     plan_line record;
 BEGIN
-    IF fixed_schedule IS NULL THEN
+    IF s.fixed_schedule IS NULL THEN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
     END IF;
-    iv := pgsched._parse_schedule(schedule, fixed_schedule);
-    PERFORM pgsched._check_timezone(timezone);
+    iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
+    PERFORM pgsched._check_timezone(s.timezone);
     IF iv IS NULL THEN
-        PERFORM pgsched._check_schedule_exact(schedule, timezone);
+        PERFORM pgsched._check_schedule_exact(s.schedule, s.timezone);
     END IF;
-    IF max_runtime IS NOT NULL AND max_runtime <= interval '0' THEN
-        PERFORM pgsched._bad_arg('max_runtime', format('%s is not positive', max_runtime),
+    IF s.max_runtime IS NOT NULL AND s.max_runtime <= interval '0' THEN
+        PERFORM pgsched._bad_arg('max_runtime', format('%s is not positive', s.max_runtime),
                                  'a positive interval, or NULL for no limit');
     END IF;
-    IF max_retries IS NULL OR max_retries < -1 THEN
-        PERFORM pgsched._bad_arg('max_retries', coalesce(max_retries::text, 'NULL'),
+    IF s.max_retries IS NULL OR s.max_retries < -1 THEN
+        PERFORM pgsched._bad_arg('max_retries', coalesce(s.max_retries::text, 'NULL'),
                                  '-1 (unlimited), 0 or a positive number');
     END IF;
-    IF retry_period IS NULL OR retry_period <= interval '0' THEN
-        PERFORM pgsched._bad_arg('retry_period', coalesce(retry_period::text, 'NULL'), 'a positive interval');
+    IF s.retry_period IS NULL OR s.retry_period <= interval '0' THEN
+        PERFORM pgsched._bad_arg('retry_period', coalesce(s.retry_period::text, 'NULL'), 'a positive interval');
     END IF;
-    IF catch_up IS NULL OR catch_up NOT IN ('latest', 'all', 'none') THEN
-        PERFORM pgsched._bad_arg('catch_up', coalesce(quote_literal(catch_up), 'NULL'),
+    IF s.catch_up IS NULL OR s.catch_up NOT IN ('latest', 'all', 'none') THEN
+        PERFORM pgsched._bad_arg('catch_up', coalesce(quote_literal(s.catch_up), 'NULL'),
                                  'one of ''latest'', ''all'', ''none''');
     END IF;
-    IF max_plans_per_tick IS NULL THEN
+    IF s.max_plans_per_tick IS NULL THEN
         PERFORM pgsched._bad_arg('max_plans_per_tick', 'NULL', 'a whole number of at least 1', '22004');
-    ELSIF max_plans_per_tick < 1 THEN
-        PERFORM pgsched._bad_arg('max_plans_per_tick', format('%s is less than 1', max_plans_per_tick),
+    ELSIF s.max_plans_per_tick < 1 THEN
+        PERFORM pgsched._bad_arg('max_plans_per_tick', format('%s is less than 1', s.max_plans_per_tick),
                                  'a whole number of at least 1');
     END IF;
-    IF allow_stale_reentry IS NULL THEN
+    IF s.allow_stale_reentry IS NULL THEN
         PERFORM pgsched._bad_arg('allow_stale_reentry', 'NULL', 'true or false', '22004');
     END IF;
     -- The bound is a sanity limit: a plan that waits longer than a year is a mistake
     -- (a unit typed wrongly) more likely than a design, and next_start stays far from
     -- the end of the timestamp range.
-    IF schedule_delay IS NULL THEN
+    IF s.schedule_delay IS NULL THEN
         PERFORM pgsched._bad_arg('schedule_delay', 'NULL', delay_form, '22004');
-    ELSIF schedule_delay < interval '0' THEN
-        PERFORM pgsched._bad_arg('schedule_delay', format('%s is negative', schedule_delay), delay_form);
-    ELSIF (pgsched._interval_parts(schedule_delay)).months <> 0 THEN
+    ELSIF s.schedule_delay < interval '0' THEN
+        PERFORM pgsched._bad_arg('schedule_delay', format('%s is negative', s.schedule_delay), delay_form);
+    ELSIF (pgsched._interval_parts(s.schedule_delay)).months <> 0 THEN
         -- The scheduler takes a plan's time as next_start minus the delay: that must be exact.
         PERFORM pgsched._bad_arg('schedule_delay', format('%s has months or years, whose length varies',
-                                                          schedule_delay), delay_form);
-    ELSIF schedule_delay > interval '365 days' THEN
-        PERFORM pgsched._bad_arg('schedule_delay', format('%s is longer than 365 days', schedule_delay),
+                                                          s.schedule_delay), delay_form);
+    ELSIF s.schedule_delay > interval '365 days' THEN
+        PERFORM pgsched._bad_arg('schedule_delay', format('%s is longer than 365 days', s.schedule_delay),
                                  delay_form);
     END IF;
-    IF catch_up_window IS NOT NULL AND catch_up_window <= interval '0' THEN
-        PERFORM pgsched._bad_arg('catch_up_window', format('%s is not positive', catch_up_window),
+    IF s.catch_up_window IS NOT NULL AND s.catch_up_window <= interval '0' THEN
+        PERFORM pgsched._bad_arg('catch_up_window', format('%s is not positive', s.catch_up_window),
                                  'a positive interval such as ''1 hour'', or NULL for no limit');
     END IF;
-    IF job_name IS NOT NULL AND btrim(job_name) = '' THEN
+    IF s.job_name IS NOT NULL AND btrim(s.job_name) = '' THEN
         PERFORM pgsched._bad_arg('job_name', 'empty', 'a non-empty name, or NULL for a generated one');
     END IF;
     -- (owner, job_name) is a unique index, whose entries must fit in a page.
-    IF length(job_name) > 500 THEN
-        PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(job_name)),
+    IF length(s.job_name) > 500 THEN
+        PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(s.job_name)),
                                  'a name of at most 500 characters');
     END IF;
-    IF scope_query IS NOT NULL THEN
-        IF scope_query !~ '\S' THEN
+    IF s.scope_query IS NOT NULL AND check_scope THEN
+        IF s.scope_query !~ '\S' THEN
             PERFORM pgsched._bad_arg('scope_query', 'blank', scope_form);
-        ELSIF length(scope_query) > 10000 THEN
-            PERFORM pgsched._bad_arg('scope_query', format('%s characters long', length(scope_query)), scope_form);
+        ELSIF length(s.scope_query) > 10000 THEN
+            PERFORM pgsched._bad_arg('scope_query', format('%s characters long', length(s.scope_query)), scope_form);
         END IF;
         BEGIN
             -- Plain EXPLAIN (no ANALYZE) parses, resolves names and types, checks privileges and
@@ -161,7 +304,7 @@ BEGIN
                     pg_catalog.set_config('pgsched.plan_time', pg_catalog.now()::text, true),
                     pg_catalog.set_config('pgsched.scope', '', true),
                     pg_catalog.set_config('transaction_read_only', 'on', true);
-            FOR plan_line IN EXECUTE 'EXPLAIN SELECT s.* FROM (' || scope_query || ') AS s' LOOP
+            FOR plan_line IN EXECUTE 'EXPLAIN SELECT s.* FROM (' || s.scope_query || ') AS s' LOOP
             END LOOP;
             RAISE EXCEPTION USING ERRCODE = 'PSQ00';
         EXCEPTION
@@ -179,12 +322,9 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._insert_job(
-    kind text, proc regproc, command text, schedule text, config jsonb, initial_start timestamptz,
-    scheduled boolean, check_config regproc, fixed_schedule boolean, timezone text, job_name text,
-    max_runtime interval, max_retries integer, retry_period interval, catch_up text, if_not_exists boolean,
-    catch_up_window interval, max_plans_per_tick integer, schedule_delay interval, allow_stale_reentry boolean,
-    scope_query text)
+-- add_job and schedule end here: the checks of everything given, then the insert.
+CREATE OR REPLACE FUNCTION pgsched._insert_job(kind text, proc regproc, command text, s pgsched.job_settings,
+                                               check_config regproc, if_not_exists boolean)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -196,10 +336,8 @@ DECLARE
     id integer;
 BEGIN
     PERFORM pgsched._check_owner_can_login();
-    iv := pgsched._check_settings(schedule, fixed_schedule, timezone, max_runtime, max_retries, retry_period,
-                                  catch_up, job_name, catch_up_window, max_plans_per_tick, schedule_delay,
-                                  allow_stale_reentry, scope_query);
-    IF scheduled IS NULL THEN
+    iv := pgsched._check_settings(s);
+    IF s.scheduled IS NULL THEN
         PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
     END IF;
     IF kind = 'proc' THEN
@@ -209,43 +347,33 @@ BEGIN
                                  CASE WHEN command IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     IF check_config IS NOT NULL THEN
-        PERFORM pgsched._check_config(check_config, config);
+        PERFORM pgsched._check_config(check_config, s.config);
         SELECT n.nspname, p.proname INTO c_schema, c_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = check_config;
     END IF;
-    IF job_name IS NOT NULL THEN
+    IF s.job_name IS NOT NULL THEN
         SELECT j.job_id INTO id FROM pgsched.job j
-         WHERE j.owner = current_user::regrole AND j.job_name = _insert_job.job_name;
+         WHERE j.owner = current_user::regrole AND j.job_name = s.job_name;
         IF id IS NOT NULL THEN
             IF if_not_exists THEN
-                RAISE NOTICE 'job % named % already exists, skipping', id, quote_literal(job_name);
+                RAISE NOTICE 'job % named % already exists, skipping', id, quote_literal(s.job_name);
                 RETURN id;
             END IF;
             RAISE EXCEPTION USING ERRCODE = '42710',
                 MESSAGE = format('invalid job_name: job %s of role %I is already named %L', id, current_user,
-                                 job_name),
+                                 s.job_name),
                 HINT = 'job_name must be unique per owner; pass if_not_exists => true to reuse the existing job';
         END IF;
     END IF;
-    id := nextval(pg_catalog.pg_get_serial_sequence('pgsched.job', 'job_id'));
-    INSERT INTO pgsched.job (job_id, job_name, kind, proc_schema, proc_name, command, schedule, schedule_interval,
-                             fixed_schedule, initial_start, timezone, config, check_schema, check_name, scheduled,
-                             max_runtime, max_retries, retry_period, catch_up, catch_up_window,
-                             max_plans_per_tick, schedule_delay, allow_stale_reentry, scope_query)
-    VALUES (id, coalesce(job_name, format('%s [%s]', coalesce(t_name::text, 'command'), id)), kind,
-            t_schema, t_name, command, btrim(schedule), iv, fixed_schedule, initial_start,
-            timezone, config, c_schema, c_name, scheduled, max_runtime, max_retries, retry_period,
-            catch_up, catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry,
-            _insert_job.scope_query);
-    -- next_start is when the first plan becomes eligible (see the top of this file).
-    UPDATE pgsched.job_stat s
-       SET next_start = pgsched._first_start(btrim(schedule), iv, fixed_schedule, initial_start, timezone)
-                        + pgsched._as_elapsed(_insert_job.schedule_delay)
-     WHERE s.job_id = id;
-    RETURN id;
+    s.schedule := btrim(s.schedule);
+    RETURN pgsched._store_new_job(kind => kind, proc_schema => t_schema, proc_name => t_name, command => command,
+                                  code_module => NULL, code_function => NULL, check_schema => c_schema,
+                                  check_name => c_name, s => s, iv => iv);
 END
 $$;
 
+-- The settings arrive as named arguments (TimescaleDB's signature) and are passed on by name;
+-- IntervalStyle is pinned so that an interval reads back from its jsonb text as itself.
 CREATE OR REPLACE FUNCTION pgsched.add_job(
     proc regproc,
     schedule text,
@@ -267,11 +395,18 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     allow_stale_reentry boolean DEFAULT false,
     scope_query text DEFAULT NULL)
 RETURNS integer LANGUAGE sql
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched._insert_job('proc', proc, NULL, schedule, config, initial_start, scheduled, check_config,
-                               fixed_schedule, timezone, job_name, max_runtime, max_retries, retry_period,
-                               catch_up, if_not_exists, catch_up_window, max_plans_per_tick, schedule_delay,
-                               allow_stale_reentry, scope_query)
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres' AS $$
+    SELECT pgsched._insert_job(kind => 'proc', proc => proc, command => NULL, check_config => check_config,
+                               if_not_exists => if_not_exists,
+                               s => pgsched._settings(pgsched._settings_defaults(), jsonb_build_object(
+                                   'schedule', schedule, 'config', config, 'initial_start', initial_start,
+                                   'scheduled', scheduled, 'fixed_schedule', fixed_schedule, 'timezone', timezone,
+                                   'job_name', job_name, 'max_runtime', max_runtime, 'max_retries', max_retries,
+                                   'retry_period', retry_period, 'catch_up', catch_up,
+                                   'catch_up_window', catch_up_window, 'max_plans_per_tick', max_plans_per_tick,
+                                   'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
+                                   'scope_query', scope_query)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -300,11 +435,13 @@ RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgsched._check_interval(schedule_interval, fixed_schedule, 'schedule_interval');
-    RETURN pgsched._insert_job('proc', proc, NULL, pgsched._interval_text(schedule_interval), config,
-                               initial_start, scheduled, check_config, fixed_schedule, timezone, job_name,
-                               max_runtime, max_retries, retry_period, catch_up, if_not_exists,
-                               catch_up_window, max_plans_per_tick, schedule_delay, allow_stale_reentry,
-                               scope_query);
+    RETURN pgsched.add_job(proc => proc, schedule => pgsched._interval_text(schedule_interval), config => config,
+                           initial_start => initial_start, scheduled => scheduled, check_config => check_config,
+                           fixed_schedule => fixed_schedule, timezone => timezone, job_name => job_name,
+                           max_runtime => max_runtime, max_retries => max_retries, retry_period => retry_period,
+                           catch_up => catch_up, if_not_exists => if_not_exists, catch_up_window => catch_up_window,
+                           max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
+                           allow_stale_reentry => allow_stale_reentry, scope_query => scope_query);
 END
 $$;
 
@@ -316,41 +453,26 @@ SET intervalstyle = 'postgres' AS $$
     SELECT iv::text
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._alter_job(
-    job_id integer,
-    schedule_interval interval DEFAULT NULL,
-    max_runtime interval DEFAULT NULL,
-    max_retries integer DEFAULT NULL,
-    retry_period interval DEFAULT NULL,
-    scheduled boolean DEFAULT NULL,
-    config jsonb DEFAULT NULL,
-    next_start timestamptz DEFAULT NULL,
-    if_exists boolean DEFAULT false,
-    check_config regproc DEFAULT NULL,
-    fixed_schedule boolean DEFAULT NULL,
-    initial_start timestamptz DEFAULT NULL,
-    timezone text DEFAULT NULL,
-    job_name text DEFAULT NULL,
-    schedule text DEFAULT NULL,
-    catch_up text DEFAULT NULL,
-    config_merge jsonb DEFAULT NULL,
-    catch_up_window interval DEFAULT NULL,
-    max_plans_per_tick integer DEFAULT NULL,
-    schedule_delay interval DEFAULT NULL,
-    allow_stale_reentry boolean DEFAULT NULL,
-    scope_query text DEFAULT NULL)
+-- alter_job's work. `changes`: the settings alter_job was given by name (a jsonb object);
+-- those given as NULL (left out) stay as they are, the others replace the stored ones.
+-- schedule_interval, config_merge and scope_query '' are alter_job's own ways of giving
+-- a setting.
+CREATE OR REPLACE FUNCTION pgsched._alter_job(job_id integer, changes jsonb, schedule_interval interval,
+                                              next_start timestamptz, if_exists boolean, check_config regproc,
+                                              config_merge jsonb)
 RETURNS TABLE (r_job_id integer, r_schedule text, r_schedule_interval interval, r_max_runtime interval,
                r_max_retries integer, r_retry_period interval, r_scheduled boolean, r_config jsonb,
                r_next_start timestamptz, r_check_config text, r_fixed_schedule boolean,
                r_initial_start timestamptz, r_timezone text)
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres' AS $$
 DECLARE
     j pgsched.job;
-    new_schedule text;
+    old pgsched.job_settings;
+    s pgsched.job_settings;
+    given jsonb;
     iv interval;
-    reschedule boolean;
-    old_delay interval;
 BEGIN
     IF _alter_job.job_id IS NULL THEN
         PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
@@ -364,97 +486,66 @@ BEGIN
         END IF;
         PERFORM pgsched._job_not_found(_alter_job.job_id);
     END IF;
-    IF _alter_job.schedule IS NOT NULL AND _alter_job.schedule_interval IS NOT NULL THEN
+    -- Only the top level: a config's own nulls are part of it.
+    SELECT coalesce(jsonb_object_agg(c.key, c.value), '{}') INTO given
+      FROM jsonb_each(changes) c WHERE c.value <> 'null';
+    IF given ? 'schedule' AND _alter_job.schedule_interval IS NOT NULL THEN
         PERFORM pgsched._bad_arg('schedule', 'given together with schedule_interval',
                                  'one of schedule (text) or schedule_interval (interval)');
     END IF;
-    new_schedule := coalesce(_alter_job.schedule, pgsched._interval_text(_alter_job.schedule_interval), j.schedule);
-    reschedule := new_schedule IS DISTINCT FROM j.schedule
-        OR (_alter_job.fixed_schedule IS NOT NULL AND _alter_job.fixed_schedule <> j.fixed_schedule)
-        OR (_alter_job.initial_start IS NOT NULL AND _alter_job.initial_start IS DISTINCT FROM j.initial_start)
-        OR (_alter_job.timezone IS NOT NULL AND _alter_job.timezone IS DISTINCT FROM j.timezone);
-    j.schedule := btrim(new_schedule);
-    j.fixed_schedule := coalesce(_alter_job.fixed_schedule, j.fixed_schedule);
-    j.initial_start := coalesce(_alter_job.initial_start, j.initial_start);
-    j.timezone := coalesce(_alter_job.timezone, j.timezone);
-    j.max_runtime := coalesce(_alter_job.max_runtime, j.max_runtime);
-    j.max_retries := coalesce(_alter_job.max_retries, j.max_retries);
-    j.retry_period := coalesce(_alter_job.retry_period, j.retry_period);
-    j.catch_up := coalesce(_alter_job.catch_up, j.catch_up);
-    j.catch_up_window := coalesce(_alter_job.catch_up_window, j.catch_up_window);
-    j.max_plans_per_tick := coalesce(_alter_job.max_plans_per_tick, j.max_plans_per_tick);
-    old_delay := j.schedule_delay;
-    j.schedule_delay := coalesce(_alter_job.schedule_delay, j.schedule_delay);
-    j.allow_stale_reentry := coalesce(_alter_job.allow_stale_reentry, j.allow_stale_reentry);
+    IF _alter_job.schedule_interval IS NOT NULL THEN
+        given := given || jsonb_build_object('schedule', pgsched._interval_text(_alter_job.schedule_interval));
+    END IF;
+    old := pgsched._job_settings(j);
+    s := pgsched._settings(old, given);
+    s.schedule := btrim(s.schedule);
     -- '' removes the scoping; NULL leaves the stored query as it is (and unchecked: only a
     -- query given here is planned, so a job whose query broke can still be altered).
-    IF _alter_job.scope_query = '' THEN
-        j.scope_query := NULL;
-    ELSIF _alter_job.scope_query IS NOT NULL THEN
-        j.scope_query := _alter_job.scope_query;
+    IF s.scope_query = '' THEN
+        s.scope_query := NULL;
     END IF;
-    j.job_name := coalesce(_alter_job.job_name, j.job_name);
-    j.scheduled := coalesce(_alter_job.scheduled, j.scheduled);
-    j.config := coalesce(_alter_job.config, j.config);
     IF _alter_job.config_merge IS NOT NULL THEN
         IF jsonb_typeof(_alter_job.config_merge) <> 'object' THEN
             PERFORM pgsched._bad_arg('config_merge', format('%s is not an object', _alter_job.config_merge),
                                      'a jsonb object whose keys replace those of config');
         END IF;
-        j.config := coalesce(j.config, '{}'::jsonb) || _alter_job.config_merge;
+        s.config := coalesce(s.config, '{}'::jsonb) || _alter_job.config_merge;
     END IF;
-    iv := pgsched._check_settings(j.schedule, j.fixed_schedule, j.timezone, j.max_runtime, j.max_retries,
-                                  j.retry_period, j.catch_up, j.job_name, j.catch_up_window, j.max_plans_per_tick,
-                                  j.schedule_delay, j.allow_stale_reentry, nullif(_alter_job.scope_query, ''));
-    j.schedule_interval := iv;
+    iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query');
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
     END IF;
-    IF j.check_name IS NOT NULL AND (_alter_job.check_config IS NOT NULL OR _alter_job.config IS NOT NULL
+    IF j.check_name IS NOT NULL AND (_alter_job.check_config IS NOT NULL OR given ? 'config'
                                      OR _alter_job.config_merge IS NOT NULL) THEN
-        PERFORM pgsched._check_config(format('%I.%I', j.check_schema, j.check_name)::regproc, j.config);
+        PERFORM pgsched._check_config(format('%I.%I', j.check_schema, j.check_name)::regproc, s.config);
     END IF;
-    IF j.job_name IS DISTINCT FROM (SELECT cur.job_name FROM pgsched.job cur WHERE cur.job_id = j.job_id)
-       AND EXISTS (SELECT 1 FROM pgsched.job o WHERE o.owner = j.owner AND o.job_name = j.job_name) THEN
+    IF s.job_name IS DISTINCT FROM old.job_name
+       AND EXISTS (SELECT 1 FROM pgsched.job o WHERE o.owner = j.owner AND o.job_name = s.job_name) THEN
         RAISE EXCEPTION USING ERRCODE = '42710',
-            MESSAGE = format('invalid job_name: role %s already has a job named %L', j.owner, j.job_name),
+            MESSAGE = format('invalid job_name: role %s already has a job named %L', j.owner, s.job_name),
             HINT = 'job_name must be unique per owner';
     END IF;
 
-    UPDATE pgsched.job SET
-        job_name = j.job_name, schedule = j.schedule, schedule_interval = j.schedule_interval,
-        fixed_schedule = j.fixed_schedule, initial_start = j.initial_start, timezone = j.timezone,
-        config = j.config, check_schema = j.check_schema, check_name = j.check_name, scheduled = j.scheduled,
-        max_runtime = j.max_runtime, max_retries = j.max_retries, retry_period = j.retry_period,
-        catch_up = j.catch_up, catch_up_window = j.catch_up_window, max_plans_per_tick = j.max_plans_per_tick,
-        schedule_delay = j.schedule_delay, allow_stale_reentry = j.allow_stale_reentry,
-        scope_query = j.scope_query
-     WHERE job.job_id = j.job_id;
-
+    PERFORM pgsched._store_settings(j.job_id, s);
+    IF _alter_job.check_config IS NOT NULL THEN
+        UPDATE pgsched.job SET check_schema = j.check_schema, check_name = j.check_name
+         WHERE job.job_id = j.job_id;
+    END IF;
     -- next_start is when the next plan becomes eligible (see the top of this file); a
     -- next_start given here is taken as that, as it is.
     IF _alter_job.next_start IS NOT NULL THEN
-        UPDATE pgsched.job_stat s SET next_start = _alter_job.next_start WHERE s.job_id = j.job_id;
-    ELSIF reschedule THEN
-        UPDATE pgsched.job_stat s
-           SET next_start = pgsched._first_start(j.schedule, iv, j.fixed_schedule, j.initial_start, j.timezone)
-                            + pgsched._as_elapsed(j.schedule_delay)
-         WHERE s.job_id = j.job_id;
-    ELSIF j.schedule_delay <> old_delay THEN
-        -- Same plan, another delay: it becomes eligible (new - old) later (or earlier).
-        UPDATE pgsched.job_stat s
-           SET next_start = s.next_start + pgsched._as_elapsed(j.schedule_delay)
-                            - pgsched._as_elapsed(old_delay)
-         WHERE s.job_id = j.job_id AND s.next_start IS NOT NULL;
+        UPDATE pgsched.job_stat st SET next_start = _alter_job.next_start WHERE st.job_id = j.job_id;
+    ELSE
+        PERFORM pgsched._replan(j.job_id, old, s, iv);
     END IF;
 
     RETURN QUERY
-    SELECT j.job_id, j.schedule, j.schedule_interval, j.max_runtime, j.max_retries, j.retry_period, j.scheduled,
-           j.config, s.next_start,
+    SELECT j.job_id, s.schedule, iv, s.max_runtime, s.max_retries, s.retry_period, s.scheduled,
+           s.config, st.next_start,
            CASE WHEN j.check_name IS NULL THEN NULL ELSE format('%I.%I', j.check_schema, j.check_name) END,
-           j.fixed_schedule, j.initial_start, j.timezone
-      FROM pgsched.job_stat s WHERE s.job_id = j.job_id;
+           s.fixed_schedule, s.initial_start, s.timezone
+      FROM pgsched.job_stat st WHERE st.job_id = j.job_id;
 END
 $$;
 
@@ -491,9 +582,16 @@ RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_ru
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
                timezone text)
 LANGUAGE sql
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT * FROM pgsched._alter_job($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                                     $18, $19, $20, $21, $22)
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres' AS $$
+    SELECT * FROM pgsched._alter_job(
+        job_id => $1, schedule_interval => $2, next_start => $8, if_exists => $9, check_config => $10,
+        config_merge => $17,
+        changes => jsonb_build_object(
+            'max_runtime', $3, 'max_retries', $4, 'retry_period', $5, 'scheduled', $6, 'config', $7,
+            'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
+            'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
+            'allow_stale_reentry', $21, 'scope_query', $22))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)
@@ -515,11 +613,13 @@ $$;
 -- (for the same owner) updates that job in place.
 CREATE OR REPLACE FUNCTION pgsched.schedule(job_name text, schedule text, command text)
 RETURNS bigint LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres' AS $$
 DECLARE
-    id integer;
-    iv interval;
     cur pgsched.job;
+    old pgsched.job_settings;
+    s pgsched.job_settings;
+    iv interval;
 BEGIN
     IF job_name IS NULL THEN
         PERFORM pgsched._bad_arg('job_name', 'NULL', 'a non-empty name', '22004');
@@ -527,11 +627,11 @@ BEGIN
     PERFORM pgsched._check_owner_can_login();
     SELECT * INTO cur FROM pgsched.job j
      WHERE j.owner = current_user::regrole AND j.job_name = schedule.job_name FOR UPDATE;
-    id := cur.job_id;
-    IF id IS NULL THEN
-        RETURN pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL,
-                                   job_name, NULL, -1, interval '5 minutes', 'latest', false,
-                                   NULL, 100, interval '0', false, NULL);
+    IF NOT FOUND THEN
+        RETURN pgsched._insert_job(kind => 'command', proc => NULL, command => command, check_config => NULL,
+                                   if_not_exists => false,
+                                   s => pgsched._settings(pgsched._settings_defaults(), jsonb_build_object(
+                                       'schedule', schedule, 'job_name', job_name)));
     END IF;
     IF command IS NULL OR btrim(command) = '' THEN
         PERFORM pgsched._bad_arg('command', coalesce(quote_literal(command), 'NULL'), 'non-empty SQL text',
@@ -539,28 +639,28 @@ BEGIN
     END IF;
     -- The schedule becomes pg_cron's (fixed, no origin, UTC); the job's other settings,
     -- which pg_cron does not have, stay as they are (scope_query too: stored, not re-checked).
-    iv := pgsched._check_settings(schedule, true, NULL, NULL, -1, interval '5 minutes', 'latest', job_name,
-                                  cur.catch_up_window, cur.max_plans_per_tick, cur.schedule_delay,
-                                  cur.allow_stale_reentry, NULL);
+    old := pgsched._job_settings(cur);
+    s := pgsched._settings(old, jsonb_build_object('schedule', schedule, 'fixed_schedule', true,
+                                                   'initial_start', NULL, 'timezone', NULL));
+    iv := pgsched._check_settings(s, check_scope => false);
+    s.schedule := btrim(s.schedule);
     UPDATE pgsched.job j
-       SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL,
-           schedule = btrim(schedule.schedule), schedule_interval = iv, fixed_schedule = true,
-           initial_start = NULL, timezone = NULL
-     WHERE j.job_id = id;
-    UPDATE pgsched.job_stat s
-       SET next_start = pgsched._first_start(btrim(schedule.schedule), iv, true, NULL, NULL)
-                        + pgsched._as_elapsed(cur.schedule_delay)
-     WHERE s.job_id = id AND s.state <> 'disabled';
-    RETURN id;
+       SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL
+     WHERE j.job_id = cur.job_id;
+    PERFORM pgsched._store_settings(cur.job_id, s);
+    UPDATE pgsched.job_stat st SET next_start = pgsched._first_next_start(s, iv)
+     WHERE st.job_id = cur.job_id AND st.state <> 'disabled';
+    RETURN cur.job_id;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.schedule(schedule text, command text)
 RETURNS bigint LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched._insert_job('command', NULL, command, schedule, NULL, NULL, true, NULL, true, NULL, NULL,
-                               NULL, -1, interval '5 minutes', 'latest', false, NULL, 100, interval '0',
-                               false, NULL)::bigint
+    SELECT pgsched._insert_job(kind => 'command', proc => NULL, command => command, check_config => NULL,
+                               if_not_exists => false,
+                               s => pgsched._settings(pgsched._settings_defaults(),
+                                                      jsonb_build_object('schedule', schedule)))::bigint
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.unschedule(job_name text)

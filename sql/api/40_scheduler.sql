@@ -10,6 +10,12 @@
 -- Likewise +/-infinity timestamps (possible only by writing the catalog by hand)
 -- are filtered with isfinite() and read as NULL, never handed to the client.
 
+-- Time: every function here that needs the current time takes it as its last argument,
+-- `now`, defaulting to the database's now(): the scheduler passes nothing (one clock for
+-- every host, the database's), and tests pass the instant they want instead of sleeping.
+-- db_now columns stay clock_timestamp(): they are the reading the scheduler anchors its
+-- clock on (pgsched/clock.py), not a scheduling decision.
+
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_abandoned_runs',
@@ -28,6 +34,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_plan',
     '_record_skipped',
     '_register_instance',
+    '_run_app_name',
     '_set_terminating',
     '_take_over',
     '_terminate_run_backend',
@@ -45,7 +52,11 @@ SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
                       AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
 
 -- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
--- what pgsched._job_launch says about the job, and the job's state after the claim.
+-- and what pgsched._job_launch says about the job. `settings` is the job row as jsonb, from
+-- which the scheduler reads the job's settings by name (pgsched.model.JobSettings); the
+-- columns from config to scope_query are the same settings one by one, kept for API 1
+-- instances (release 0.1.0 reads them by name); dropped with API 3. job_state: the job's
+-- state after the claim.
 DROP TYPE IF EXISTS pgsched._launch_row;
 CREATE TYPE pgsched._launch_row AS (
     run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
@@ -56,7 +67,7 @@ CREATE TYPE pgsched._launch_row AS (
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz, job_state text);
+    db_now timestamptz, settings jsonb, job_state text);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
 -- _take_over. A view, so that it is inlined into their queries (a function with a
@@ -67,16 +78,15 @@ SELECT j.job_id, j.job_name, j.kind,
        -- the role was dropped: the scheduler then disables the job instead of running it.
        ro.rolname::text AS owner, j.proc_schema, j.proc_name, pr.is_procedure, j.command,
        j.code_module, j.code_function, j.config, j.schedule,
-       -- pgsched._interval_parts written out: a function call per row costs more here
-       (extract(year FROM j.schedule_interval) * 12 + extract(month FROM j.schedule_interval))::integer AS months,
-       extract(day FROM j.schedule_interval)::integer AS days,
-       ((extract(hour FROM j.schedule_interval) * 3600 + extract(minute FROM j.schedule_interval) * 60)
-         * 1000000 + extract(microseconds FROM j.schedule_interval))::bigint AS micros,
+       -- pgsched._interval_parts' components, each inlined
+       pgsched._iv_months(j.schedule_interval) AS months, pgsched._iv_days(j.schedule_interval) AS days,
+       pgsched._iv_micros(j.schedule_interval) AS micros,
        j.fixed_schedule, CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END AS initial_start,
        j.timezone, extract(epoch FROM j.max_runtime)::float8 AS max_runtime_s, j.max_retries,
        extract(epoch FROM j.retry_period)::float8 AS retry_period_s, j.catch_up,
        extract(epoch FROM j.catch_up_window)::float8 AS catch_up_window_s, j.max_plans_per_tick,
-       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query
+       extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
+       pg_catalog.to_jsonb(j) AS settings
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -100,7 +110,8 @@ SELECT j.job_id, j.job_name, j.kind,
 -- the start. Such a run's started_at is its start time.
 -- Which queued scope runs are claimable: pgsched._claimable_scope_runs.
 CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
-                                          ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
+                                          ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}',
+                                          now timestamptz DEFAULT now())
 RETURNS SETOF pgsched._launch_row
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
@@ -110,12 +121,11 @@ BEGIN
     RETURN QUERY
     WITH due AS (
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
-               -- next_start is when the plan becomes eligible: plan_time + schedule_delay
-               -- (as a fixed duration, the way the scheduler adds it).
-               s.next_start - pg_catalog.make_interval(secs => extract(epoch FROM s.schedule_delay)) AS plan_time,
+               -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
+               pgsched._delayed(s.next_start, -s.schedule_delay) AS plan_time,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
           FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
-                 WHERE s.state = 'scheduled' AND s.next_start <= now() + ahead
+                 WHERE s.state = 'scheduled' AND s.next_start <= _claim.now + ahead
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
                  ORDER BY s.next_start, s.job_id
@@ -135,8 +145,8 @@ BEGIN
                                           instance_id, lease_token, heartbeat_at)
         SELECT d.job_id, d.plan_time,
                CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
-               greatest(now(), d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
-               nextval('pgsched.lease_token_seq'), now()
+               greatest(_claim.now, d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
+               nextval('pgsched.lease_token_seq'), _claim.now
           FROM due d
          ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
@@ -144,8 +154,9 @@ BEGIN
                   r.backend_pid
     ), scoped AS (
         UPDATE pgsched.job_run r
-           SET outcome = 'running', started_at = now(), worker_pid = worker_pids[q.n], backend_pid = backend_pids[q.n],
-               instance_id = _claim.instance_id, lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = now()
+           SET outcome = 'running', started_at = _claim.now, worker_pid = worker_pids[q.n],
+               backend_pid = backend_pids[q.n], instance_id = _claim.instance_id,
+               lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim.now
           FROM queued q
          WHERE r.run_id = q.run_id
         RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
@@ -186,7 +197,7 @@ BEGIN
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
-           clock_timestamp(), st.state
+           clock_timestamp(), v.settings, st.state
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -202,12 +213,12 @@ RETURNS TABLE (job_id integer, schedule text, months integer, days integer, micr
                fixed_schedule boolean, initial_start timestamptz, timezone text, infinite boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT j.job_id, j.schedule, ip.months, ip.days, ip.micros, j.fixed_schedule,
+    SELECT j.job_id, j.schedule, pgsched._iv_months(j.schedule_interval), pgsched._iv_days(j.schedule_interval),
+           pgsched._iv_micros(j.schedule_interval), j.fixed_schedule,
            CASE WHEN pg_catalog.isfinite(j.initial_start) THEN j.initial_start END,
            j.timezone, s.next_start IS NOT NULL
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
-      LEFT JOIN LATERAL pgsched._interval_parts(j.schedule_interval) ip ON true
      WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
      ORDER BY j.job_id
      LIMIT max_rows
@@ -225,7 +236,7 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM u
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._next_due(code_modules text[] DEFAULT '{}')
+CREATE OR REPLACE FUNCTION pgsched._next_due(code_modules text[] DEFAULT '{}', now timestamptz DEFAULT now())
 RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -235,7 +246,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                      AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
                    ORDER BY s.next_start LIMIT 1),
                  -- Claimable queued scope runs are due now.
-                 (SELECT now() FROM pgsched._claimable_scope_runs c
+                 (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
                    WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules) LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))),
@@ -245,7 +256,7 @@ $$;
 -- A run that ends while later slots of its job came due records them once:
 -- total_skipped counts them and one 'skipped' history row names the range.
 CREATE OR REPLACE FUNCTION pgsched._record_skipped(run_id bigint, skipped integer, first_slot timestamptz,
-                                                   last_slot timestamptz)
+                                                   last_slot timestamptz, now timestamptz DEFAULT clock_timestamp())
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH r AS (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = _record_skipped.run_id),
@@ -253,7 +264,7 @@ SET search_path = pg_catalog, pg_temp AS $$
         INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT r.job_id, first_slot, 'schedule', 'skipped',
                format('%s slot(s) from %s to %s skipped: run %s was still in progress', skipped, first_slot,
-                      last_slot, _record_skipped.run_id), clock_timestamp(),
+                      last_slot, _record_skipped.run_id), _record_skipped.now,
                -- The range in a form a program can check every slot against.
                jsonb_build_object('first', first_slot, 'last', last_slot, 'count', skipped)
           FROM r
@@ -273,34 +284,47 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT EXISTS (SELECT 1 FROM u)
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._register_instance(host text, pid integer, version text, max_workers integer)
+CREATE OR REPLACE FUNCTION pgsched._register_instance(host text, pid integer, version text, max_workers integer,
+                                                      now timestamptz DEFAULT now())
 RETURNS TABLE (instance_id bigint, db_now timestamptz)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    INSERT INTO pgsched.instance (host, pid, version, backend_pid, max_workers)
-    VALUES (host, pid, version, pg_catalog.pg_backend_pid(), max_workers)
-    RETURNING instance_id, now()
+    INSERT INTO pgsched.instance (host, pid, version, backend_pid, max_workers, started_at, heartbeat_at)
+    VALUES (host, pid, version, pg_catalog.pg_backend_pid(), max_workers, _register_instance.now,
+            _register_instance.now)
+    RETURNING instance_id, _register_instance.now
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat(instance_id bigint, max_workers integer)
+CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat(instance_id bigint, max_workers integer,
+                                                       now timestamptz DEFAULT now())
 RETURNS timestamptz LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     UPDATE pgsched.instance i
-       SET heartbeat_at = now(), max_workers = _instance_heartbeat.max_workers,
+       SET heartbeat_at = _instance_heartbeat.now, max_workers = _instance_heartbeat.max_workers,
            backend_pid = pg_catalog.pg_backend_pid(), stopped_at = NULL
      WHERE i.instance_id = _instance_heartbeat.instance_id
-    RETURNING now()
+    RETURNING _instance_heartbeat.now
 $$;
 
 -- The peers are woken: the stopping instance's last closes moved next starts without a NOTIFY.
-CREATE OR REPLACE FUNCTION pgsched._instance_stop(instance_id bigint)
+CREATE OR REPLACE FUNCTION pgsched._instance_stop(instance_id bigint, now timestamptz DEFAULT now())
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE pgsched.instance i SET stopped_at = now() WHERE i.instance_id = _instance_stop.instance_id;
+    UPDATE pgsched.instance i SET stopped_at = _instance_stop.now WHERE i.instance_id = _instance_stop.instance_id;
     SELECT pg_catalog.pg_notify('pgsched_catalog', 'instance:stop');
 $$;
 
+-- The application_name a run's worker gives its backend: it names the job, the run and the
+-- lease (a takeover's backend has another name than the stale attempt's). The worker's side is
+-- pgsched.protocol.run_app_name; tests/integration/test_protocol.py checks they agree. No pinned
+-- search_path (everything is qualified): so that it inlines into _abandoned_runs' query.
+CREATE OR REPLACE FUNCTION pgsched._run_app_name(job_id integer, run_id bigint, lease_token bigint)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.format('pgsched job %s run %s lease %s', job_id, run_id, lease_token)
+$$;
+
 -- Runs that nobody will finish, or whose holder may no longer finish them:
+-- The causes are exactly pgsched.state.AbandonedCause's values (tests/integration/test_protocol.py):
 --   'stopped': their scheduler stopped (or its row is gone);
 --   'gone': their scheduler's database session ended and it has not heartbeated for
 --           `grace` (a scheduler that reconnects at once keeps its runs; its connection
@@ -314,7 +338,7 @@ $$;
 -- worker set (it names the job, the run and the lease): the caller terminates it
 -- before closing the run as a crash or taking it over (allow_stale_reentry).
 CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, grace interval,
-                                                   held bigint[])
+                                                   held bigint[], now timestamptz DEFAULT now())
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
                holder text, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
                consecutive_crashes integer, schedule text, months integer, days integer, micros bigint,
@@ -334,11 +358,11 @@ SET search_path = pg_catalog, pg_temp AS $$
                     true)
            AND NOT EXISTS (SELECT 1 FROM pgsched.instance o
                             WHERE o.instance_id <> self_id AND o.instance_id IS DISTINCT FROM a.instance_id
-                              AND o.stopped_at IS NULL AND o.heartbeat_at >= now() - dead_after
+                              AND o.stopped_at IS NULL AND o.heartbeat_at >= _abandoned_runs.now - dead_after
                               AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = o.backend_pid)),
            a.scope, CASE WHEN v.kind = 'python' THEN v.code_module END
       FROM (SELECT r.*, i.heartbeat_at AS holder_beat,
-                   pg_catalog.format('pgsched job %s run %s lease %s', r.job_id, r.run_id, r.lease_token) AS app,
+                   pgsched._run_app_name(r.job_id, r.run_id, r.lease_token) AS app,
                    pg_catalog.format('instance %s (%s, pid %s)', i.instance_id, i.host, i.pid) AS holder,
                    CASE
                      WHEN r.trigger = 'manual' AND r.instance_id IS NULL THEN
@@ -346,10 +370,10 @@ SET search_path = pg_catalog, pg_temp AS $$
                                                 WHERE sa.pid = r.backend_pid) THEN 'session' END
                      WHEN r.instance_id = self_id THEN CASE WHEN r.run_id <> ALL (held) THEN 'lost' END
                      WHEN i.instance_id IS NULL OR i.stopped_at IS NOT NULL THEN 'stopped'
-                     WHEN i.heartbeat_at < now() - grace
+                     WHEN i.heartbeat_at < _abandoned_runs.now - grace
                           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = i.backend_pid)
                          THEN 'gone'
-                     WHEN coalesce(r.heartbeat_at, r.started_at) < now() - dead_after THEN 'stale'
+                     WHEN coalesce(r.heartbeat_at, r.started_at) < _abandoned_runs.now - dead_after THEN 'stale'
                    END AS cause
               FROM pgsched.job_run r
               LEFT JOIN pgsched.instance i ON i.instance_id = r.instance_id
@@ -364,16 +388,16 @@ $$;
 -- (closed, or taken over by another scheduler that found it stale) and the database
 -- time. The scheduler asks _abandoned_runs in the same statement (pgsched/store.py).
 CREATE OR REPLACE FUNCTION pgsched._heartbeat(instance_id bigint, max_workers integer, held bigint[],
-                                              tokens bigint[])
+                                              tokens bigint[], now timestamptz DEFAULT now())
 RETURNS TABLE (lost bigint[], db_now timestamptz)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    beat timestamptz := pgsched._instance_heartbeat(_heartbeat.instance_id, _heartbeat.max_workers);
+    beat timestamptz := pgsched._instance_heartbeat(_heartbeat.instance_id, _heartbeat.max_workers, _heartbeat.now);
 BEGIN
     -- A row locked by someone's open transaction (a DELETE of the job, say) is skipped, not
     -- waited for: the loop must not freeze on it, and it is renewed at the next heartbeat.
-    UPDATE pgsched.job_run r SET heartbeat_at = now()
+    UPDATE pgsched.job_run r SET heartbeat_at = _heartbeat.now
      WHERE r.run_id IN (SELECT l.run_id FROM pgsched.job_run l
                           JOIN unnest(held, tokens) AS h(run_id, token) ON h.run_id = l.run_id
                          WHERE l.lease_token = h.token AND l.outcome = 'running'
@@ -396,14 +420,15 @@ $$;
 -- keeps its state (starting, or terminating if its holder was cancelling the run: the
 -- attempt ends like the one it replaces); only a job found scheduled becomes starting.
 CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
-                                              worker_pids integer[], backend_pids integer[])
+                                              worker_pids integer[], backend_pids integer[],
+                                              now timestamptz DEFAULT now())
 RETURNS SETOF pgsched._launch_row
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH t AS (
         UPDATE pgsched.job_run r
            SET instance_id = _take_over.instance_id, lease_token = nextval('pgsched.lease_token_seq'),
-               attempt = r.attempt + 1, started_at = now(), heartbeat_at = now(),
+               attempt = r.attempt + 1, started_at = _take_over.now, heartbeat_at = _take_over.now,
                worker_pid = u.worker_pid, backend_pid = u.backend_pid,
                message = format('attempt %s: taken over after the lease of attempt %s (instance %s) went stale',
                                 r.attempt + 1, r.attempt, r.instance_id)
@@ -430,13 +455,13 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, clock_timestamp(), s.state
+           NULL::timestamptz, clock_timestamp(), v.settings, s.state
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 
 -- Jobs whose next plan is more than `late` overdue: the scheduler applies their
 -- catch-up policy (pgsched/catchup.py) and writes the result with _catch_up.
-CREATE OR REPLACE FUNCTION pgsched._behind(late interval, max_rows integer)
+CREATE OR REPLACE FUNCTION pgsched._behind(late interval, max_rows integer, now timestamptz DEFAULT now())
 RETURNS TABLE (job_id integer, next_start timestamptz, schedule text, months integer, days integer,
                micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text, catch_up text,
                catch_up_window_s double precision, max_plans_per_tick integer, schedule_delay_s double precision,
@@ -447,7 +472,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.timezone, v.catch_up, v.catch_up_window_s, v.max_plans_per_tick, v.schedule_delay_s, clock_timestamp()
       FROM pgsched.job_stat s
       JOIN pgsched._job_launch v ON v.job_id = s.job_id
-     WHERE s.state = 'scheduled' AND s.next_start < now() - late AND pg_catalog.isfinite(s.next_start)
+     WHERE s.state = 'scheduled' AND s.next_start < _behind.now - late AND pg_catalog.isfinite(s.next_start)
      ORDER BY s.next_start
      LIMIT max_rows
 $$;
@@ -455,7 +480,7 @@ $$;
 -- Write catch-up decisions: per job, move next_start (only if nobody changed or
 -- claimed it meanwhile) and record the plans passed over: total_missed, and one
 -- 'missed' history row with the range. Returns how many jobs were changed.
-CREATE OR REPLACE FUNCTION pgsched._catch_up(decisions jsonb)
+CREATE OR REPLACE FUNCTION pgsched._catch_up(decisions jsonb, now timestamptz DEFAULT clock_timestamp())
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH d AS (
@@ -474,7 +499,7 @@ SET search_path = pg_catalog, pg_temp AS $$
         INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT u.job_id, u.first_missed, 'catch_up', 'missed',
                format('%s plan(s) from %s to %s missed (%s)', u.missed, u.first_missed, u.last_missed, u.policy),
-               clock_timestamp(),
+               _catch_up.now,
                jsonb_build_object('first', u.first_missed, 'last', u.last_missed, 'count', u.missed)
           FROM u WHERE u.missed > 0
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING)
@@ -602,8 +627,8 @@ BEGIN
     END IF;
     IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
         -- The scheduler added the delay the run was claimed with; the job's may have changed since.
-        next_start := next_start + pg_catalog.make_interval(
-            secs => extract(epoch FROM run.schedule_delay) - (e->>'schedule_delay_s')::float8);
+        next_start := pgsched._delayed(pgsched._delayed(next_start, -pg_catalog.make_interval(
+            secs => (e->>'schedule_delay_s')::float8)), run.schedule_delay);
     END IF;
     IF NOT pgsched._mark_end(rid, e->>'outcome', e->>'sqlstate', e->>'message', next_start,
                              (e->>'finished_at')::timestamptz, e->>'disable_reason', (e->>'rows_affected')::bigint,
@@ -642,14 +667,14 @@ BEGIN
     END IF;
     IF run.scope = '' AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
         PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
-                                        (e->>'skipped_last')::timestamptz);
+                                        (e->>'skipped_last')::timestamptz, (e->>'finished_at')::timestamptz);
     END IF;
     SELECT s.state INTO new_state FROM pgsched.job_stat s WHERE s.job_id = run.job_id;
 END
 $$;
 
 -- Terminate the backends still running a run: found by the application_name the
--- worker gave it ('pgsched job J run R lease T'), never by a pid that may have been
+-- worker gave it (pgsched._run_app_name), never by a pid that may have been
 -- reused, nor by a name that a later attempt of the same run (a takeover) also has.
 CREATE OR REPLACE FUNCTION pgsched._terminate_run_backend(app text)
 RETURNS boolean LANGUAGE sql

@@ -15,103 +15,51 @@ SELECT pgsched._drop_functions(ARRAY[
     '_deploy_code_jobs',
     '_renew_lease']);
 
+-- A spec is one job's settings by name (pgsched.job_settings: those it leaves out take
+-- add_job's defaults) plus code_module and code_function, where its handler is.
 CREATE OR REPLACE FUNCTION pgsched._deploy_code_jobs(modules text[], specs jsonb)
 RETURNS TABLE (job_id integer, job_name text, action text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    s jsonb;
+    spec jsonb;
     j pgsched.job;
+    old pgsched.job_settings;
+    s pgsched.job_settings;
     iv interval;
     id integer;
-    new_start timestamptz;
-    schedule_changed boolean;
-    delay interval;
-    is_new boolean;
 BEGIN
     -- Any fixed number: the lock only has to be the same for every deploy.
     PERFORM pg_catalog.pg_advisory_xact_lock(7401295311);
-    FOR s IN SELECT value FROM jsonb_array_elements(specs) LOOP
-        -- Settings a spec leaves out take add_job's defaults.
-        s := jsonb_build_object('catch_up_window', NULL, 'max_plans_per_tick', 100, 'schedule_delay', '0',
-                                'allow_stale_reentry', false, 'scope_query', NULL) || s;
+    FOR spec IN SELECT value FROM jsonb_array_elements(specs) LOOP
+        s := pgsched._settings(pgsched._settings_defaults(), spec - 'code_module' - 'code_function');
         SELECT * INTO j FROM pgsched.job
-         WHERE job.owner = current_user::regrole AND job.job_name = s->>'job_name'
+         WHERE job.owner = current_user::regrole AND job.job_name = s.job_name
            FOR UPDATE;
-        is_new := NOT FOUND;
-        iv := pgsched._check_settings(s->>'schedule', (s->>'fixed_schedule')::boolean, s->>'timezone',
-                                      (s->>'max_runtime')::interval, (s->>'max_retries')::integer,
-                                      (s->>'retry_period')::interval, s->>'catch_up', s->>'job_name',
-                                      (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer,
-                                      (s->>'schedule_delay')::interval, (s->>'allow_stale_reentry')::boolean,
-                                      CASE WHEN is_new OR j.scope_query IS DISTINCT FROM s->>'scope_query'
-                                           THEN s->>'scope_query' END);
-        delay := (s->>'schedule_delay')::interval;
-        IF is_new THEN
-            INSERT INTO pgsched.job (job_name, kind, code_module, code_function, schedule, fixed_schedule,
-                                     initial_start, timezone, config, scheduled, max_runtime, max_retries,
-                                     retry_period, catch_up, catch_up_window, max_plans_per_tick, schedule_delay,
-                                     allow_stale_reentry, scope_query)
-            VALUES (s->>'job_name', 'python', s->>'code_module', s->>'code_function', s->>'schedule',
-                    (s->>'fixed_schedule')::boolean, (s->>'initial_start')::timestamptz, s->>'timezone',
-                    nullif(s->'config', 'null'), (s->>'scheduled')::boolean, (s->>'max_runtime')::interval,
-                    (s->>'max_retries')::integer, (s->>'retry_period')::interval, s->>'catch_up',
-                    (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer, delay,
-                    (s->>'allow_stale_reentry')::boolean, s->>'scope_query')
-            RETURNING job.job_id INTO id;
-            -- next_start is when the first plan becomes eligible: its time + schedule_delay (10_jobs.sql).
-            UPDATE pgsched.job_stat st
-               SET next_start = pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
-                                                     (s->>'initial_start')::timestamptz, s->>'timezone')
-                                + pgsched._as_elapsed(delay)
-             WHERE st.job_id = id;
-            job_id := id; job_name := s->>'job_name'; action := 'inserted';
+        IF NOT FOUND THEN
+            iv := pgsched._check_settings(s);
+            id := pgsched._store_new_job(kind => 'python', proc_schema => NULL, proc_name => NULL, command => NULL,
+                                         code_module => spec->>'code_module',
+                                         code_function => spec->>'code_function', check_schema => NULL,
+                                         check_name => NULL, s => s, iv => iv);
+            job_id := id; job_name := s.job_name; action := 'inserted';
             RETURN NEXT;
             CONTINUE;
         END IF;
+        old := pgsched._job_settings(j);
+        iv := pgsched._check_settings(s, check_scope => s.scope_query IS DISTINCT FROM old.scope_query);
         IF j.kind <> 'python' THEN
             RAISE EXCEPTION USING ERRCODE = '42710',
                 MESSAGE = format('invalid job_name: %L is already the name of %s job %s of role %s',
-                                 s->>'job_name', j.kind, j.job_id, j.owner),
+                                 s.job_name, j.kind, j.job_id, j.owner),
                 HINT = 'give the Python job another name with @pgsched.job(name=...)';
         END IF;
-        schedule_changed := j.schedule IS DISTINCT FROM s->>'schedule'
-            OR j.fixed_schedule IS DISTINCT FROM (s->>'fixed_schedule')::boolean
-            OR j.initial_start IS DISTINCT FROM (s->>'initial_start')::timestamptz
-            OR j.timezone IS DISTINCT FROM s->>'timezone';
-        IF schedule_changed
-           OR (j.code_module, j.code_function, j.config, j.scheduled, j.max_runtime, j.max_retries,
-               j.retry_period, j.catch_up, j.catch_up_window, j.max_plans_per_tick, j.schedule_delay,
-               j.allow_stale_reentry, j.scope_query)
-              IS DISTINCT FROM
-              (s->>'code_module', s->>'code_function', nullif(s->'config', 'null'), (s->>'scheduled')::boolean,
-               (s->>'max_runtime')::interval, (s->>'max_retries')::integer, (s->>'retry_period')::interval,
-               s->>'catch_up', (s->>'catch_up_window')::interval, (s->>'max_plans_per_tick')::integer, delay,
-               (s->>'allow_stale_reentry')::boolean, s->>'scope_query')
+        IF (j.code_module, j.code_function, old) IS DISTINCT FROM (spec->>'code_module', spec->>'code_function', s)
         THEN
-            UPDATE pgsched.job SET
-                code_module = s->>'code_module', code_function = s->>'code_function', schedule = s->>'schedule',
-                fixed_schedule = (s->>'fixed_schedule')::boolean,
-                initial_start = (s->>'initial_start')::timestamptz, timezone = s->>'timezone',
-                config = nullif(s->'config', 'null'), scheduled = (s->>'scheduled')::boolean,
-                max_runtime = (s->>'max_runtime')::interval, max_retries = (s->>'max_retries')::integer,
-                retry_period = (s->>'retry_period')::interval, catch_up = s->>'catch_up',
-                catch_up_window = (s->>'catch_up_window')::interval,
-                max_plans_per_tick = (s->>'max_plans_per_tick')::integer, schedule_delay = delay,
-                allow_stale_reentry = (s->>'allow_stale_reentry')::boolean, scope_query = s->>'scope_query'
+            UPDATE pgsched.job SET code_module = spec->>'code_module', code_function = spec->>'code_function'
              WHERE job.job_id = j.job_id;
-            IF schedule_changed THEN
-                new_start := pgsched._first_start(s->>'schedule', iv, (s->>'fixed_schedule')::boolean,
-                                                  (s->>'initial_start')::timestamptz, s->>'timezone')
-                             + pgsched._as_elapsed(delay);
-                UPDATE pgsched.job_stat st SET next_start = new_start WHERE st.job_id = j.job_id;
-            ELSIF delay <> j.schedule_delay THEN
-                -- Same plan, another delay: it becomes eligible (new - old) later (or earlier).
-                UPDATE pgsched.job_stat st
-                   SET next_start = st.next_start + pgsched._as_elapsed(delay)
-                                    - pgsched._as_elapsed(j.schedule_delay)
-                 WHERE st.job_id = j.job_id AND st.next_start IS NOT NULL;
-            END IF;
+            PERFORM pgsched._store_settings(j.job_id, s);
+            PERFORM pgsched._replan(j.job_id, old, s, iv);
             job_id := j.job_id; job_name := j.job_name; action := 'updated';
         ELSE
             job_id := j.job_id; job_name := j.job_name; action := 'unchanged';

@@ -9,21 +9,21 @@ from typing import Any
 
 import psycopg
 
-from pgsched import launcher
+from pgsched import launcher, protocol
 from pgsched.launcher import Worker
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 
-def events(w: Worker, want: str, timeout: float = 10.0) -> list[dict[str, object]]:
+def events(w: Worker, want: type[protocol.Event], timeout: float = 10.0) -> list[protocol.Event]:
     """Read the worker's reports until one of kind `want` arrives; all of them, in order."""
-    seen: list[dict[str, object]] = []
+    seen: list[protocol.Event] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         alive = w.read()
         seen += w.events
         w.events.clear()
-        if any(e.get("event") == want for e in seen):
+        if any(isinstance(e, want) for e in seen):
             return seen
         assert alive, f"the worker exited ({launcher.reap(w, timeout=1)}) before '{want}': {seen}"
         time.sleep(0.01)
@@ -36,9 +36,9 @@ def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: st
     conn.execute("CREATE TABLE ran (x int)")
     w = launcher.launch(db)
     try:
-        ready = events(w, "ready")
-        old_backend = int(str(ready[-1]["backend_pid"]))
-        role = str(ready[-1]["role"])
+        ready = events(w, protocol.Ready)[-1]
+        assert isinstance(ready, protocol.Ready)
+        old_backend, role = ready.backend_pid, str(ready.role)
         os.kill(w.pid, signal.SIGSTOP)  # so that the lost session and the run arrive together
         conn.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
         w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
@@ -46,11 +46,11 @@ def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: st
                 "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
         time.sleep(0.2)
         os.kill(w.pid, signal.SIGCONT)
-        seen = events(w, "done")
-        backend = [e for e in seen if e.get("event") == "backend"]
-        assert backend and backend[0]["backend_pid"] != old_backend, seen
-        done = next(e for e in seen if e.get("event") == "done")
-        assert done["ok"] is True, done
+        seen = events(w, protocol.Done)
+        backend = [e for e in seen if isinstance(e, protocol.Backend)]
+        assert backend and backend[0].backend_pid != old_backend, seen
+        done = next(e for e in seen if isinstance(e, protocol.Done))
+        assert done.ok is True, done
         assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
     finally:
         w.close_stdin()
@@ -63,11 +63,12 @@ def test_a_job_whose_worker_dies_is_aborted_by_the_server(db: str, conn: Conn) -
     conn.execute("CREATE TABLE ran (x int)")
     w = launcher.launch(db)
     try:
-        ready = events(w, "ready")
-        backend = int(str(ready[-1]["backend_pid"]))
+        ready = events(w, protocol.Ready)[-1]
+        assert isinstance(ready, protocol.Ready)
+        backend = ready.backend_pid
         assert conn.execute("SELECT setting FROM pg_settings WHERE name = 'client_connection_check_interval'"
                             ).fetchone() is not None
-        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": str(ready[-1]["role"]),
+        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": str(ready.role),
                 "command": "INSERT INTO ran VALUES (1); SELECT pg_sleep(30)", "config": None,
                 "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
                 "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})

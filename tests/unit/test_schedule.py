@@ -402,6 +402,22 @@ def test_cron_names_steps_lists() -> None:
     assert parse_cron("  0  0 ?  *  mon ").expr == "0 0 ? * MON"
 
 
+def test_cron_dow_step_from_a_value_runs_to_7_which_is_sunday() -> None:
+    # 'a/n' means 'a-<field max>/n' in every field; day-of-week's max is 7 (Sunday again), so
+    # '1/2' is '1-7/2' (as Vixie cron and pg_cron read the range; both refuse '1/2' itself)
+    # and includes Sunday. croniter stops at 6 (README, "Schedules"; test_cron_oracle.py).
+    for a, b in (("1/2", "1-7/2"), ("3/2", "3-7/2"), ("1/3", "1-7/3"), ("7/2", "7")):
+        assert parse_cron(f"0 0 * * {a}").weekdays == parse_cron(f"0 0 * * {b}").weekdays, a
+    assert parse_cron("0 0 * * 1/2").weekdays == (0, 1, 3, 5)
+    assert walls(nxt("0 0 * * 1/2", u(2026, 1, 1), 4), UTCZ) == [
+        "Fri 01-02 00:00:00+0000",
+        "Sun 01-04 00:00:00+0000",
+        "Mon 01-05 00:00:00+0000",
+        "Wed 01-07 00:00:00+0000",
+    ]
+    assert parse_cron("0 0 * * 0/2").weekdays == parse_cron("0 0 * * */2").weekdays == (0, 2, 4, 6)
+
+
 def test_cron_last_day_and_nth_weekday() -> None:
     assert nxt("0 0 L * *", u(2026, 1, 1), 3) == [u(2026, 1, 31), u(2026, 2, 28), u(2026, 3, 31)]
     assert nxt("0 0 $ 2 *", u(2027, 3, 1), 1) == [u(2028, 2, 29)]
@@ -800,3 +816,12 @@ def test_vixie_day_rule_star_prefixed_field_means_and() -> None:
     both = cron_next_n(parse_cron("0 0 */13 * THU"), utc, u(2026, 1, 1, 1), 3)
     assert all(t.day in (1, 14, 27) and t.isoweekday() == 4 for t in both)
     assert both[0] == u(2026, 5, 14)
+
+
+def test_schedule_delay_rule_and_its_inverse() -> None:
+    from pgsched.schedule import eligible_at, plan_of
+
+    plan = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # a night with a DST change in Berlin: elapsed time regardless
+    delay = timedelta(days=1, minutes=5)
+    assert eligible_at(plan, delay) == datetime(2026, 3, 30, 0, 35, tzinfo=UTC)
+    assert plan_of(eligible_at(plan, delay), delay) == plan

@@ -1,0 +1,224 @@
+"""The one definition of a job's settings (pgsched.job_settings, sql/api/10_jobs.sql) against
+everything that must agree with it: the catalog's columns and their defaults, the public
+signatures (PostgreSQL needs each argument spelled out), the paths that write a job (add_job,
+alter_job, schedule, the deploy of Python jobs), the claim's launch row, and the Python side
+(pgsched.model.JobSettings, @pgsched.job and JobSpec). A new setting that is missing anywhere
+makes one of these fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from pgsched import app, model, schedule
+from tests.integration.helpers import Conn, rows, scalar
+
+# One value per setting that is not its default and is valid with all the others: the paths
+# that write a job are checked to carry each of them to the catalog.
+SAMPLE: dict[str, Any] = {
+    "schedule": "7 minutes", "fixed_schedule": False, "initial_start": "2030-01-02T03:04:05+00:00",
+    "timezone": "Europe/Berlin", "config": {"k": [1, None]}, "scheduled": False, "job_name": "sample",
+    "max_runtime": "01:00:00", "max_retries": 3, "retry_period": "00:01:00", "catch_up": "all",
+    "catch_up_window": "02:00:00", "max_plans_per_tick": 7, "schedule_delay": "00:00:30",
+    "allow_stale_reentry": True, "scope_query": "SELECT 1",
+}
+PY_TYPES = {"text": str, "boolean": bool, "integer": int, "interval": timedelta,
+            "timestamp with time zone": datetime, "jsonb": Any}
+
+
+def definition(conn: Conn) -> list[tuple[str, str]]:
+    """(name, type) of each setting, in order."""
+    return [(r["name"], r["type"]) for r in rows(
+        conn, """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type
+                   FROM pg_attribute a
+                  WHERE a.attrelid = 'pgsched.job_settings'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+                  ORDER BY a.attnum""")]
+
+
+def defaults(conn: Conn) -> dict[str, Any]:
+    return dict(scalar(conn, "SELECT to_jsonb(pgsched._settings_defaults())"))
+
+
+def stored(conn: Conn, name: str) -> dict[str, Any]:
+    return dict(scalar(conn, "SELECT to_jsonb(pgsched._job_settings(j)) FROM pgsched.job j WHERE j.job_name = %s",
+                       (name,)))
+
+
+def expected(conn: Conn, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` over the defaults, as the database reads them."""
+    return dict(scalar(conn, "SELECT to_jsonb(pgsched._settings(pgsched._settings_defaults(), %s))",
+                       (Jsonb(values),)))
+
+
+def sample_args() -> sql.Composable:
+    """SAMPLE as named arguments."""
+    return sql.SQL(", ").join(
+        sql.SQL("{} => {}").format(sql.Identifier(k), sql.Literal(Jsonb(v) if k == "config" else v))
+        for k, v in SAMPLE.items())
+
+
+def evaluate(conn: Conn, expr: str | None, typ: str) -> Any:
+    """A default expression read from the catalog, evaluated as jsonb."""
+    row = conn.execute(sql.SQL("SELECT to_jsonb(({})::{})").format(sql.SQL(expr or "NULL"), sql.SQL(typ))).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_the_sample_covers_every_setting(conn: Conn) -> None:
+    assert list(SAMPLE) == [name for name, _ in definition(conn)]
+
+
+def test_each_setting_is_a_catalog_column_of_its_type_and_default(conn: Conn) -> None:
+    cols = {r["name"]: r for r in rows(
+        conn, """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,
+                        pg_get_expr(d.adbin, d.adrelid) AS default_expr
+                   FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                  WHERE a.attrelid = 'pgsched.job'::regclass AND a.attnum > 0 AND NOT a.attisdropped""")}
+    dflt = defaults(conn)
+    for name, typ in definition(conn):
+        assert name in cols, f"setting {name} has no column in pgsched.job"
+        assert cols[name]["type"] == typ, name
+        column_default = evaluate(conn, cols[name]["default_expr"], typ)
+        assert column_default == dflt[name], f"pgsched.job.{name} defaults to {column_default}, the API to {dflt[name]}"
+
+
+def _arguments(conn: Conn, signature: str) -> dict[str, tuple[str, Any]]:
+    """name -> (type, default as jsonb, or the marker 'required') of a function's arguments."""
+    out: dict[str, tuple[str, Any]] = {}
+    oid = scalar(conn, "SELECT %s::regprocedure::oid", (signature,))
+    for r in rows(conn, """SELECT n, p.proargnames[n] AS name, format_type(p.proargtypes[n - 1], NULL) AS type,
+                                  pg_get_function_arg_default(p.oid, n) AS default_expr
+                             FROM pg_proc p, generate_series(1, p.pronargs) AS n WHERE p.oid = %s""", (oid,)):
+        value: Any = "required"
+        if r["default_expr"] is not None:
+            value = evaluate(conn, r["default_expr"], r["type"])
+        out[r["name"]] = (r["type"], value)
+    return out
+
+
+@pytest.mark.parametrize("schedule_arg", ["schedule text", "schedule_interval interval"])
+def test_add_job_takes_every_setting_with_its_type_and_default(conn: Conn, schedule_arg: str) -> None:
+    name, typ = schedule_arg.split()
+    args = _arguments(conn, f"pgsched.add_job(regproc, {typ}, jsonb, timestamptz, boolean, regproc, boolean, text, "
+                            "text, interval, integer, interval, text, boolean, interval, integer, interval, boolean, "
+                            "text)")
+    dflt = defaults(conn)
+    for setting, setting_type in definition(conn):
+        if setting == "schedule":
+            assert args[name] == (typ, "required")
+            continue
+        assert args.get(setting) == (setting_type, dflt[setting]), setting
+    assert set(args) - {s for s, _ in definition(conn)} == {"proc", name, "check_config", "if_not_exists"} - {
+        "schedule"}
+
+
+def test_alter_job_takes_every_setting_defaulting_to_unchanged(conn: Conn) -> None:
+    oid = scalar(conn, "SELECT 'pgsched.alter_job'::regproc::oid")
+    args = _arguments(conn, scalar(conn, "SELECT %s::regprocedure::text", (oid,)))
+    for setting, setting_type in definition(conn):
+        assert args.get(setting) == (setting_type, None), setting
+
+
+def test_public_wrappers_have_the_pgsched_signatures(conn: Conn) -> None:
+    for fn in ("add_job", "alter_job"):
+        assert sorted(scalar(conn, """SELECT array_agg(pg_get_function_arguments(oid)) FROM pg_proc
+                                       WHERE proname = %s AND pronamespace = 'public'::regnamespace""", (fn,))) == \
+            sorted(scalar(conn, """SELECT array_agg(pg_get_function_arguments(oid)) FROM pg_proc
+                                    WHERE proname = %s AND pronamespace = 'pgsched'::regnamespace""", (fn,)))
+
+
+def test_add_job_carries_every_setting_to_the_catalog(api: Conn) -> None:
+    api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(
+        sample_args()))
+    assert stored(api, "sample") == expected(api, SAMPLE)
+
+
+def test_alter_job_carries_every_setting_to_the_catalog(api: Conn) -> None:
+    job_id = scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'before')")
+    api.execute(sql.SQL("SELECT pgsched.alter_job({}, {})").format(
+        sql.Literal(job_id),
+        sample_args()))
+    assert stored(api, "sample") == expected(api, SAMPLE)
+
+
+def test_a_deploy_carries_every_setting_to_the_catalog(conn: Conn) -> None:
+    conn.execute("SELECT * FROM pgsched._deploy_code_jobs(%s, %s)",
+                 (["m"], Jsonb([{**SAMPLE, "code_module": "m", "code_function": "f"}])))
+    assert stored(conn, "sample") == expected(conn, SAMPLE)
+
+
+def test_a_setting_name_that_is_not_one_is_refused(conn: Conn) -> None:
+    with pytest.raises(psycopg.errors.UndefinedColumn, match="unknown job setting"):
+        conn.execute("SELECT * FROM pgsched._deploy_code_jobs(%s, %s)",
+                     (["m"], Jsonb([{"job_name": "x", "schedule": "1 minute", "max_plan_per_tick": 5,
+                                     "code_module": "m", "code_function": "f"}])))
+
+
+def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
+    api.execute("SET IntervalStyle = 'postgres'")  # as the scheduler's store does
+    api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(
+        sample_args()))
+    launch = scalar(api, "SELECT settings FROM pgsched._job_launch WHERE job_name = 'sample'")
+    got = model.JobSettings.from_catalog(launch)
+    assert got == model.JobSettings(
+        schedule="7 minutes", fixed_schedule=False, initial_start=datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
+        timezone="Europe/Berlin", config={"k": [1, None]}, scheduled=False, job_name="sample",
+        max_runtime=timedelta(hours=1), max_retries=3, retry_period=timedelta(minutes=1), catch_up="all",
+        catch_up_window=timedelta(hours=2), max_plans_per_tick=7, schedule_delay=timedelta(seconds=30),
+        allow_stale_reentry=True, scope_query="SELECT 1")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("00:05:00", 300), ("1 day", 86400), ("-1 days +02:00:00", -79200), ("1 mon", 30 * 86400),
+    ("1 year 2 mons 3 days 04:05:06.5", 365.25 * 86400 + 60 * 86400 + 3 * 86400 + 4 * 3600 + 5 * 60 + 6.5),
+    ("-00:00:01.25", -1.25),
+])
+def test_python_reads_intervals_as_extract_epoch_does(conn: Conn, text: str, seconds: float) -> None:
+    conn.execute("SET IntervalStyle = 'postgres'")
+    assert scalar(conn, "SELECT %s::interval::text", (text,)) == text
+    assert float(scalar(conn, "SELECT extract(epoch FROM %s::interval)", (text,))) == seconds
+    assert model.JobSettings.from_catalog({**SAMPLE, "max_runtime": text}).max_runtime == timedelta(seconds=seconds)
+
+
+def test_python_job_settings_match_the_sql_definition(conn: Conn) -> None:
+    fields = dataclasses.fields(model.JobSettings)
+    hints = typing.get_type_hints(model.JobSettings)
+    assert [f.name for f in fields] == [name for name, _ in definition(conn)]
+    for name, typ in definition(conn):
+        assert PY_TYPES[typ] in (hints[name], *typing.get_args(hints[name])), name
+    dflt = defaults(conn)
+    from_sql = model.JobSettings.from_catalog({**dflt, "schedule": "x"})
+    assert from_sql == model.JobSettings(schedule="x"), "JobSettings' defaults differ from _settings_defaults()"
+
+
+def test_python_job_declarations_take_every_setting_with_the_sql_defaults(conn: Conn) -> None:
+    params = inspect.signature(app.job).parameters
+    # @pgsched.job spells two settings its own way: every=/cron= give the schedule, name= the job_name.
+    spelled: dict[str, str | None] = {"schedule": None, "job_name": "name"}
+    py_defaults = model.JobSettings(schedule="x")
+    for name, _ in definition(conn):
+        if name in spelled:
+            own = spelled[name]
+            assert own is None or params[own].default is None
+            continue
+        default = params[name].default
+        if isinstance(py_defaults.__dict__[name], timedelta) and isinstance(default, str):
+            default = schedule.parse_interval(default).approx_timedelta()
+        assert default == py_defaults.__dict__[name], name
+
+    @app.job(every="1 minute", name="contract")
+    def handler(run: app.Run) -> None: ...
+    try:
+        row = app.REGISTRY["contract"].catalog_row()
+    finally:
+        app.forget(handler.__module__)
+    assert set(row) == {name for name, _ in definition(conn)} | {"code_module", "code_function"}
