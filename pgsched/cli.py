@@ -42,6 +42,9 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     else:
         click.echo(f"schema version {result.version} is up to date")
     click.echo(f"PL/Python schedule functions: {'installed' if result.plpython else 'not available'}")
+    if result.api is not None:
+        click.echo(f"internal API {result.api.api_version} (release {result.api.release}); instances of "
+                   f"API {result.api.oldest_api_served} to {result.api.api_version} may run on it")
 
 
 app_option = click.option(

@@ -7,6 +7,9 @@ the server has PL/Python) are CREATE OR REPLACE files re-applied whenever their
 combined checksum changes. Everything happens in one transaction under an
 advisory lock, so concurrent `pgsched init` runs serialize and a failure leaves
 the database as it was; a second run with nothing new is a no-op.
+
+check_version is what `pgsched serve` asks on every (re)connect: whether the
+schema serves this code's API (pgsched/api.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from pgsched import __version__, api
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
 
 # Any fixed number: the lock only has to be the same for every pgsched init.
@@ -90,6 +94,8 @@ class InitResult:
     api_reapplied: bool
     plpython: bool
     version: int
+    # What pgsched._api() says after init: this release's API and the oldest it serves.
+    api: api.SchemaApi | None = None
 
 
 def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
@@ -108,6 +114,18 @@ def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
                plpython   boolean NOT NULL,
                applied_at timestamptz NOT NULL DEFAULT now())"""
     )
+
+
+def schema_api(cur: psycopg.Cursor[Any]) -> api.SchemaApi:
+    """What the installed pgsched._api() says; a schema without it is release 0.1.0's (API 1)."""
+    cur.execute("SELECT to_regprocedure('pgsched._api()') IS NOT NULL")
+    row = cur.fetchone()
+    if not row or not row[0]:
+        return api.API_1
+    cur.execute("SELECT api_version, oldest_api_served, release FROM pgsched._api()")
+    row = cur.fetchone()
+    assert row is not None
+    return api.SchemaApi(int(row[0]), int(row[1]), str(row[2]))
 
 
 def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
@@ -172,6 +190,13 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
                 f"the database's pgsched schema is version {newest}, newer than this pgsched "
                 f"(which knows versions up to {len(todo)}): upgrade pgsched before using it on this database"
             )
+        installed = schema_api(cur) if applied else None
+        if installed is not None and installed.api_version > api.API_VERSION:
+            # Its functions would be replaced by older ones that no longer serve its instances.
+            raise SchemaVersionMismatch(
+                f"{installed.describe()}, newer than this pgsched {__version__} (API {api.API_VERSION}): "
+                "upgrade pgsched before using it on this database"
+            )
         for m in todo:
             if m.version in applied and applied[m.version] != m.checksum:
                 raise MigrationChecksumMismatch(
@@ -208,11 +233,20 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
                    SET checksum = excluded.checksum, plpython = excluded.plpython, applied_at = now()""",
                 (checksum, has_plpython),
             )
-    return InitResult(applied=done, api_reapplied=reapply, plpython=has_plpython, version=len(todo))
+        now_api = schema_api(cur)
+    return InitResult(applied=done, api_reapplied=reapply, plpython=has_plpython, version=len(todo),
+                      api=now_api)
 
 
 def check_version(conn: psycopg.Connection[Any]) -> int:
-    """The schema version if it matches this code; SchemaVersionMismatch otherwise."""
+    """The schema version if this code may work on the schema; SchemaVersionMismatch otherwise.
+
+    `pgsched serve` asks this on connect and on every reconnect. What decides is the API
+    window (pgsched/api.py): the schema must serve this code's API. The migrations are
+    checked too: fewer than this code's means `init` of this release has not run; more
+    are accepted only from a newer API that still serves this one (the release that added
+    them bumped the API), so that rolling upgrades work across a migration.
+    """
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute("SELECT to_regclass('pgsched.migration') IS NOT NULL")
         row = cur.fetchone()
@@ -220,10 +254,12 @@ def check_version(conn: psycopg.Connection[Any]) -> int:
             raise SchemaVersionMismatch("pgsched is not installed in this database: run `pgsched init` first")
         cur.execute("SELECT coalesce(max(version), 0) FROM pgsched.migration")
         row = cur.fetchone()
+        schema = schema_api(cur)
+    api.check(schema)
     have = int(str(row[0])) if row else 0
     want = code_version()
-    if have != want:
+    if have < want or (have > want and schema.api_version == api.API_VERSION):
         hint = "run `pgsched init` to upgrade it" if have < want else "upgrade pgsched"
         raise SchemaVersionMismatch(
-            f"the database's pgsched schema is version {have}, this pgsched needs {want}: {hint}")
+            f"the database's pgsched schema is version {have}, this pgsched {__version__} needs {want}: {hint}")
     return have

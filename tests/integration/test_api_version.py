@@ -1,0 +1,114 @@
+"""The internal API's version (pgsched/api.py, pgsched._api()): defined once on each side and
+in agreement, the window `serve` checks, init's refusal of a newer API."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgsched
+from pgsched import api, migrate
+from pgsched.errors import SchemaVersionMismatch
+from tests.integration.helpers import Conn, rows, scalar
+
+REPO = Path(migrate.__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bare(empty_db: str) -> Iterator[Conn]:
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        yield c
+
+
+def fake_api(conn: Conn, api_version: int, oldest: int, release: str) -> None:
+    """Make the schema look like another release's (what its init would leave)."""
+    conn.execute(sql.SQL("CREATE OR REPLACE FUNCTION pgsched._api(OUT api_version integer, "
+                         "OUT oldest_api_served integer, OUT release text) "
+                         "LANGUAGE sql AS $$ SELECT {}, {}, {} $$").format(
+        sql.Literal(api_version), sql.Literal(oldest), sql.Literal(release)))
+
+
+def functions(conn: Conn) -> list[str]:
+    return [r["f"] for r in rows(conn, "SELECT p.oid::regprocedure::text AS f FROM pg_proc p "
+                                       "WHERE p.pronamespace = 'pgsched'::regnamespace ORDER BY 1")]
+
+
+def force_reapply(conn: Conn) -> None:
+    conn.execute("UPDATE pgsched.api_state SET checksum = 'an earlier release'")
+
+
+# -- one definition on each side, in agreement ----------------------------------------------
+
+def test_the_schema_and_the_code_agree_on_the_api_and_the_release(conn: Conn) -> None:
+    row = rows(conn, "SELECT * FROM pgsched._api()")[0]
+    assert (row["api_version"], row["release"]) == (api.API_VERSION, pgsched.__version__)
+    # Two APIs wide: this release's, and the previous one's instances keep working.
+    assert row["oldest_api_served"] == api.API_VERSION - 1
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    # The distribution's version is __version__ itself, not a second copy of it.
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["hatch"]["version"]["path"] == "pgsched/__init__.py"
+    assert migrate.schema_api(conn.cursor()) == api.SchemaApi(api.API_VERSION, api.API_VERSION - 1,
+                                                               pgsched.__version__)
+
+
+# -- the window serve checks ------------------------------------------------------------------
+
+def test_a_newer_api_that_still_serves_this_one_is_accepted_with_its_migrations(conn: Conn) -> None:
+    n = migrate.code_version()
+    fake_api(conn, api.API_VERSION + 1, api.API_VERSION, "9.1.0")
+    conn.execute("INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, 'next', 'x')", (n + 1,))
+    assert migrate.check_version(conn) == n + 1
+
+
+def test_a_schema_that_no_longer_serves_this_api_is_refused_naming_both_versions(conn: Conn) -> None:
+    fake_api(conn, api.API_VERSION + 1, api.API_VERSION + 1, "9.1.0")
+    with pytest.raises(SchemaVersionMismatch) as e:
+        migrate.check_version(conn)
+    assert str(e.value) == (
+        f"the database's pgsched API is {api.API_VERSION + 1} (release 9.1.0, serving API {api.API_VERSION + 1} "
+        f"only); this pgsched {pgsched.__version__} speaks API {api.API_VERSION}: replace this instance with "
+        "pgsched 9.1.0 (or another release that speaks its API)")
+
+
+def test_an_older_api_says_to_run_init(conn: Conn) -> None:
+    fake_api(conn, api.API_VERSION - 1, api.API_VERSION - 2, "0.0.9")
+    with pytest.raises(SchemaVersionMismatch, match=fr"API is {api.API_VERSION - 1} \(release 0\.0\.9.*"
+                                                   fr"speaks API {api.API_VERSION}: run `pgsched init` of "
+                                                   fr"pgsched {pgsched.__version__} on this database first"):
+        migrate.check_version(conn)
+
+
+def test_a_schema_without_api_function_is_release_0_1_0(conn: Conn) -> None:
+    conn.execute("DROP FUNCTION pgsched._api()")
+    with pytest.raises(SchemaVersionMismatch,
+                       match=r"API is 1 \(release 0\.1\.0, serving API 1 only\).*run `pgsched init`"):
+        migrate.check_version(conn)
+
+
+def test_more_migrations_under_this_same_api_are_refused(conn: Conn) -> None:
+    """A release that adds a migration bumps the API: the same API with unknown migrations is not ours."""
+    n = migrate.code_version()
+    conn.execute("INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, 'next', 'x')", (n + 1,))
+    with pytest.raises(SchemaVersionMismatch, match=f"version {n + 1}.*needs {n}: upgrade pgsched"):
+        migrate.check_version(conn)
+
+
+def test_init_refuses_a_newer_api_and_changes_nothing(conn: Conn) -> None:
+    fake_api(conn, api.API_VERSION + 1, api.API_VERSION, "9.1.0")
+    before = functions(conn), rows(conn, "SELECT * FROM pgsched.api_state")
+    with pytest.raises(SchemaVersionMismatch, match=f"API is {api.API_VERSION + 1} .*newer than this pgsched"):
+        migrate.init(conn)
+    assert (functions(conn), rows(conn, "SELECT * FROM pgsched.api_state")) == before
+    assert scalar(conn, "SELECT release FROM pgsched._api()") == "9.1.0"
+
+
+def test_init_reports_the_api_it_leaves(bare: Conn) -> None:
+    result = migrate.init(bare)
+    assert result.api == api.SchemaApi(api.API_VERSION, api.API_VERSION - 1, pgsched.__version__)
+    assert migrate.init(bare).api == result.api  # also when there was nothing to do
