@@ -23,7 +23,10 @@ release runs while the old release's instances are still working. So:
   not change result type" if the shape changed); keep reading the data the previous
   release sends. A change that cannot follow the rule gets a new function (a new name),
   and the previous definition is kept beside it, in a file of its own in sql/api/ that
-  the next release deletes.
+  the next release deletes. tests/integration/test_api_compat.py checks the rule against
+  the previous release's own schema and calls (reached through git).
+* `init` drops the internal functions that this release's files do not define (see
+  migrate._drop_leftovers): whatever no release in the window calls, with no list to keep.
 * An instance checks the window when it connects, on every reconnect and after any SQL
   error; outside it, it stops with one message naming both versions (SchemaVersionMismatch),
   never a loop of SQL errors.

@@ -45,6 +45,8 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     if result.api is not None:
         click.echo(f"internal API {result.api.api_version} (release {result.api.release}); instances of "
                    f"API {result.api.oldest_api_served} to {result.api.api_version} may run on it")
+    if result.dropped:
+        click.echo(f"dropped what no release in that window calls: {', '.join(result.dropped)}")
 
 
 app_option = click.option(

@@ -8,15 +8,18 @@ combined checksum changes. Everything happens in one transaction under an
 advisory lock, so concurrent `pgsched init` runs serialize and a failure leaves
 the database as it was; a second run with nothing new is a no-op.
 
-check_version is what `pgsched serve` asks on every (re)connect: whether the
-schema serves this code's API (pgsched/api.py).
+Re-applying the files also drops the internal functions they no longer define
+(_drop_leftovers): the files of a release define its own API and the previous one
+it still serves (pgsched/api.py), so what they do not define, no release in the
+window calls. check_version is what `pgsched serve` asks on every (re)connect:
+whether the schema serves this code's API.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +79,18 @@ def code_version() -> int:
     return len(migrations())
 
 
+def works_on_every_function(f: Path) -> bool:
+    """The API files numbered 90 and up (the public wrappers, the grants) work on every function there is."""
+    return f.parent.name == "api" and f.name >= "90_"
+
+
 def api_files(with_plpython: bool) -> list[Path]:
     files = sorted((_source_dir("sql") / "api").glob("*.sql"))
     if with_plpython:
         # PL/Python definitions replace the plain-SQL fallbacks of the same name,
         # and must exist before the files numbered 90 and up, which work on every
         # function there is: the public wrappers (90_) and the grants (95_).
-        last = [f for f in files if f.name >= "90_"]
+        last = [f for f in files if works_on_every_function(f)]
         files = [f for f in files if f not in last]
         files += sorted(_source_dir("plpython").glob("*.sql")) + last
     return files
@@ -94,6 +102,8 @@ class InitResult:
     api_reapplied: bool
     plpython: bool
     version: int
+    # Internal functions of earlier releases that this release's files no longer define.
+    dropped: list[str] = field(default_factory=list)
     # What pgsched._api() says after init: this release's API and the oldest it serves.
     api: api.SchemaApi | None = None
 
@@ -126,6 +136,46 @@ def schema_api(cur: psycopg.Cursor[Any]) -> api.SchemaApi:
     row = cur.fetchone()
     assert row is not None
     return api.SchemaApi(int(row[0]), int(row[1]), str(row[2]))
+
+
+def _internal_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> dict[int, str]:
+    """The internal (underscore) functions of schema pgsched: oid -> xmin of their pg_proc row."""
+    cur.execute(r"""SELECT p.oid::bigint, p.xmin::text FROM pg_catalog.pg_proc p
+                     WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname LIKE '\_%'""")
+    return {int(str(oid)): str(xmin) for oid, xmin in cur.fetchall()}
+
+
+def _drop_leftovers(cur: psycopg.Cursor[tuple[object, ...]], before: dict[int, str]) -> list[str]:
+    """Drop the internal functions that were there before the API files ran and that they left untouched.
+
+    CREATE OR REPLACE rewrites a function's pg_proc row (a new xmin) and _drop_functions
+    gives it a new oid, so a function whose (oid, xmin) did not change is one this release's
+    files do not define (this runs before the grants, which rewrite every row): an earlier
+    release's, which no API in the window calls (a kept function of the previous API is
+    defined by this release's files, so it stays). This needs no list of what to drop, and
+    is what lets a file of kept functions go away in the release after. Spared: a function
+    something else depends on (the row-security policies' _catalog_admin, made by a
+    migration) and one that belongs to an extension.
+    """
+    cur.execute(
+        r"""SELECT p.oid::bigint, p.xmin::text, p.oid::regprocedure::text
+              FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname LIKE '\_%'
+               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid = p.oid
+                                  AND d.deptype IN ('n', 'a'))
+               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid
+                                  AND d.deptype = 'e')
+             ORDER BY 3"""
+    )
+    dropped = []
+    for oid, xmin, signature in cur.fetchall():
+        if before.get(int(str(oid))) == str(xmin):
+            # The signature comes from the catalog (regprocedure output is quoted as needed).
+            cur.execute(sql.SQL("DROP ROUTINE {}").format(sql.SQL(str(signature))))
+            dropped.append(str(signature))
+    return dropped
 
 
 def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
@@ -222,11 +272,19 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
         cur.execute("SELECT checksum, plpython FROM pgsched.api_state")
         row = cur.fetchone()
         reapply = row is None or row[0] != checksum or bool(done)
+        dropped: list[str] = []
         if reapply:
             if not has_plpython:
                 _drop_plpython_functions(cur)
+            before = _internal_functions(cur)
+            swept = False
             for f in files:
+                if not swept and works_on_every_function(f):
+                    # Before the grants, which rewrite every function's row, and the wrappers.
+                    dropped, swept = _drop_leftovers(cur, before), True
                 cur.execute(sql.SQL(f.read_text()))
+            if not swept:
+                dropped = _drop_leftovers(cur, before)
             cur.execute(
                 """INSERT INTO pgsched.api_state (checksum, plpython) VALUES (%s, %s)
                    ON CONFLICT (singleton) DO UPDATE
@@ -235,7 +293,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
             )
         now_api = schema_api(cur)
     return InitResult(applied=done, api_reapplied=reapply, plpython=has_plpython, version=len(todo),
-                      api=now_api)
+                      dropped=dropped, api=now_api)
 
 
 def check_version(conn: psycopg.Connection[Any]) -> int:

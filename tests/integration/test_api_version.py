@@ -1,5 +1,6 @@
 """The internal API's version (pgsched/api.py, pgsched._api()): defined once on each side and
-in agreement, the window `serve` checks, init's refusal of a newer API."""
+in agreement, the window `serve` checks, init's refusal of a newer API, and the functions
+init drops because no release in the window defines them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from psycopg import sql
 import pgsched
 from pgsched import api, migrate
 from pgsched.errors import SchemaVersionMismatch
+from tests.conftest import PgServer
 from tests.integration.helpers import Conn, rows, scalar
 
 REPO = Path(migrate.__file__).resolve().parent.parent
@@ -112,3 +114,61 @@ def test_init_reports_the_api_it_leaves(bare: Conn) -> None:
     result = migrate.init(bare)
     assert result.api == api.SchemaApi(api.API_VERSION, api.API_VERSION - 1, pgsched.__version__)
     assert migrate.init(bare).api == result.api  # also when there was nothing to do
+
+
+# -- what init drops ------------------------------------------------------------------------------
+
+def test_reapplying_the_same_release_drops_nothing(bare: Conn, pg_server: PgServer) -> None:
+    """Every function the files define is re-created by them, with PL/Python and without."""
+    for plpython in (True, False, False, True):
+        migrate.init(bare, plpython=plpython)
+        before = functions(bare)
+        force_reapply(bare)
+        result = migrate.init(bare, plpython=plpython)
+        assert (result.api_reapplied, result.dropped) == (True, [])
+        assert functions(bare) == before
+    # A migration's function that the row-security policies use stays, untouched by the files.
+    assert scalar(bare, "SELECT to_regprocedure('pgsched._catalog_admin()') IS NOT NULL") is True
+
+
+def test_an_earlier_releases_internal_functions_are_dropped(conn: Conn) -> None:
+    conn.execute("CREATE FUNCTION pgsched._only_an_old_release_called_this(x integer) RETURNS integer "
+                 "LANGUAGE sql AS 'SELECT x'")
+    conn.execute("CREATE PROCEDURE pgsched._old_procedure() LANGUAGE sql AS 'SELECT 1'")
+    # Not ours to drop: a function without the internal prefix (someone's own), and one that
+    # something else depends on.
+    conn.execute("CREATE FUNCTION pgsched.someones_function() RETURNS integer LANGUAGE sql AS 'SELECT 1'")
+    conn.execute("CREATE FUNCTION pgsched._used_by_a_view() RETURNS integer LANGUAGE sql AS 'SELECT 1'")
+    conn.execute("CREATE VIEW public.uses_it AS SELECT pgsched._used_by_a_view() AS x")
+    force_reapply(conn)
+    result = migrate.init(conn)
+    assert result.dropped == ["pgsched._old_procedure()", "pgsched._only_an_old_release_called_this(integer)"]
+    left = functions(conn)
+    assert "pgsched._only_an_old_release_called_this(integer)" not in left
+    assert {"pgsched.someones_function()", "pgsched._used_by_a_view()"} <= set(left)
+
+
+def test_the_previous_apis_functions_are_kept_for_one_release(
+        conn: Conn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release keeps a function only the previous API calls by defining it in a file of its
+    own; the release after deletes the file, and its init drops the function."""
+    compat = tmp_path / "80_api_n_minus_1.sql"
+    compat.write_text("CREATE OR REPLACE FUNCTION pgsched._heartbeat_of_the_previous_api(instance_id bigint) "
+                      "RETURNS integer LANGUAGE sql AS 'SELECT 1';\n")
+    files = migrate.api_files
+
+    def with_compat(with_plpython: bool) -> list[Path]:
+        found = files(with_plpython)
+        last = [f for f in found if migrate.works_on_every_function(f)]
+        return [*(f for f in found if f not in last), compat, *last]
+
+    monkeypatch.setattr(migrate, "api_files", with_compat)
+    force_reapply(conn)
+    assert migrate.init(conn).dropped == []  # release N+1: kept
+    force_reapply(conn)
+    assert migrate.init(conn).dropped == []  # and kept as long as the file is there
+    assert scalar(conn, "SELECT pgsched._heartbeat_of_the_previous_api(1)") == 1
+    monkeypatch.setattr(migrate, "api_files", files)
+    result = migrate.init(conn)  # release N+2: the file is gone, so the checksum changed
+    assert (result.api_reapplied, result.dropped) == (True, ["pgsched._heartbeat_of_the_previous_api(bigint)"])
+    assert scalar(conn, "SELECT to_regprocedure('pgsched._heartbeat_of_the_previous_api(bigint)')") is None
