@@ -17,14 +17,16 @@ release runs while the old release's instances are still working. So:
   schema with oldest_api_served <= k <= api_version (the window, two APIs wide).
 * The compatibility rule, for every internal function the previous API calls: keep its
   name; keep its arguments (a new one only trailing, with a default: the old positional
-  calls still resolve, and `_drop_functions` removes the old overload so that they are not
-  ambiguous); keep its result columns exactly (names, types, order: a running instance's
-  prepared `SELECT *` re-plans on the new definition, and fails once with "cached plan must
-  not change result type" if the shape changed); keep reading the data the previous
-  release sends. A change that cannot follow the rule gets a new function (a new name),
-  and the previous definition is kept beside it, in a file of its own in sql/api/ that
-  the next release deletes. tests/integration/test_api_compat.py checks the rule against
-  the previous release's own schema and calls (reached through git).
+  calls still resolve, and init drops the old overload, which would make them ambiguous);
+  keep its result columns exactly (names, types, order: a running instance's prepared
+  `SELECT *` re-plans on the new definition, and fails once with "cached plan must not
+  change result type" if the shape changed); keep reading the data the previous release
+  sends. A function that keeps its arguments and result is replaced in place by init
+  (the same oid: see migrate._apply_api), the smoothest change for running instances.
+  A change that cannot follow the rule gets a new function (a new name), and the
+  previous definition is kept beside it, in a file of its own in sql/api/ that the next
+  release deletes. tests/integration/test_api_compat.py checks the rule against the
+  previous release's own schema and calls (reached through git).
 * `init` drops the internal functions that this release's files do not define (see
   migrate._drop_leftovers): whatever no release in the window calls, with no list to keep.
 * An instance checks the window when it connects, on every reconnect and after any SQL

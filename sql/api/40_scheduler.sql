@@ -44,9 +44,8 @@ SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
                       AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
 
 -- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
--- and what pgsched._job_launch says about the job.
-DROP TYPE IF EXISTS pgsched._launch_row;
-CREATE TYPE pgsched._launch_row AS (
+-- and what pgsched._job_launch says about the job. (Created again only when it changed.)
+SELECT pgsched._define_type('_launch_row', $$
     run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
     lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
     consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name, proc_name name,
@@ -55,7 +54,7 @@ CREATE TYPE pgsched._launch_row AS (
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz);
+    db_now timestamptz$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
 -- _take_over. A view, so that it is inlined into their queries (a function with a

@@ -1,11 +1,14 @@
 """The internal API's version (pgsched/api.py, pgsched._api()): defined once on each side and
-in agreement, the window `serve` checks, init's refusal of a newer API, and the functions
-init drops because no release in the window defines them."""
+in agreement, the window `serve` checks, init's refusal of a newer API, the functions init
+drops because no release in the window defines them, and how it replaces the others while
+instances run (in place, giving way to their statements)."""
 
 from __future__ import annotations
 
+import threading
+import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -38,6 +41,13 @@ def fake_api(conn: Conn, api_version: int, oldest: int, release: str) -> None:
 def functions(conn: Conn) -> list[str]:
     return [r["f"] for r in rows(conn, "SELECT p.oid::regprocedure::text AS f FROM pg_proc p "
                                        "WHERE p.pronamespace = 'pgsched'::regnamespace ORDER BY 1")]
+
+
+def wait_until(probe: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def force_reapply(conn: Conn) -> None:
@@ -172,3 +182,69 @@ def test_the_previous_apis_functions_are_kept_for_one_release(
     result = migrate.init(conn)  # release N+2: the file is gone, so the checksum changed
     assert (result.api_reapplied, result.dropped) == (True, ["pgsched._heartbeat_of_the_previous_api(bigint)"])
     assert scalar(conn, "SELECT to_regprocedure('pgsched._heartbeat_of_the_previous_api(bigint)')") is None
+
+
+# -- how init replaces: in place, giving way to running statements -------------------------------
+
+def oids(conn: Conn) -> dict[str, int]:
+    return {r["f"]: r["oid"] for r in rows(conn, "SELECT p.oid::regprocedure::text AS f, p.oid::bigint AS oid "
+                                               "FROM pg_proc p WHERE p.pronamespace = 'pgsched'::regnamespace")}
+
+
+def test_reapplying_replaces_functions_and_types_in_place(conn: Conn) -> None:
+    """A function dropped and created again would get a new oid, which a running instance's
+    statement looked up a moment before may no longer find."""
+    before = oids(conn)
+    launch_row = scalar(conn, "SELECT 'pgsched._launch_row'::regtype::oid")
+    force_reapply(conn)
+    assert migrate.init(conn).api_reapplied is True
+    assert oids(conn) == before
+    assert scalar(conn, "SELECT 'pgsched._launch_row'::regtype::oid") == launch_row
+    # Outside init, _drop_functions still drops (a file applied by hand replaces its functions whole).
+    conn.execute("SELECT pgsched._drop_functions(ARRAY['_unplanned'])")
+    assert scalar(conn, "SELECT count(*) FROM pg_proc WHERE proname = '_unplanned'") == 0
+
+
+def test_a_changed_composite_type_is_created_again_with_its_functions(conn: Conn) -> None:
+    conn.execute("ALTER TYPE pgsched._launch_row ADD ATTRIBUTE from_an_older_release integer")
+    force_reapply(conn)
+    migrate.init(conn)
+    assert scalar(conn, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pgsched._launch_row'::regclass "
+                        "AND attname = 'from_an_older_release'") == 0
+    # The functions returning it went with it and came back with it.
+    assert scalar(conn, "SELECT count(*) FROM pgsched._claim(1, ARRAY[1], ARRAY[1])") == 0
+    assert scalar(conn, "SELECT to_regprocedure('pgsched._take_over(bigint, bigint[], bigint[], integer[], "
+                        "integer[])') IS NOT NULL") is True
+
+
+def test_init_gives_way_to_a_statement_it_would_deadlock_with(conn: Conn, db: str) -> None:
+    """A session holds a lock init needs late (the view job_stats) and then wants one that init
+    takes early (a trigger's on pgsched.job): init backs off rather than deadlock with it, so
+    the session's statement goes on within a moment, and init succeeds after it."""
+    force_reapply(conn)
+    outcome: list[BaseException | migrate.InitResult] = []
+    with psycopg.connect(db, autocommit=True) as session:
+        session.execute("BEGIN")
+        session.execute("SELECT * FROM pgsched.job_stats LIMIT 0")
+
+        def run_init() -> None:
+            try:
+                with psycopg.connect(db, autocommit=True) as c:
+                    outcome.append(migrate.init(c))
+            except BaseException as e:  # reported below
+                outcome.append(e)
+
+        worker = threading.Thread(target=run_init)
+        worker.start()
+        # init takes the trigger's lock on pgsched.job and waits for the view
+        wait_until(lambda: scalar(conn, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                                        "WHERE NOT l.granted AND a.datname = current_database()") > 0)
+        t0 = time.monotonic()
+        session.execute("SET lock_timeout = '5s'")
+        session.execute("UPDATE pgsched.job SET job_name = job_name WHERE false")
+        waited = time.monotonic() - t0
+        session.execute("COMMIT")
+        worker.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], migrate.InitResult), outcome
+    # Well under deadlock_timeout (1 s), and under a scheduler's lock_timeout (1 s).
+    assert waited < 0.8, waited
