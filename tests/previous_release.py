@@ -38,12 +38,14 @@ CACHE = REPO / ".cache" / f"pgsched-{RELEASE}-{COMMIT[:12]}"
 STAMP = ".complete"
 
 
+# What a process of the old release changes in this process's environment (None: removed).
+ENV_CHANGES: dict[str, str | None] = {"PYTHONPATH": None, "VIRTUAL_ENV": None, "PYTHONSAFEPATH": "1"}
+
+
 def old_env(**extra: str) -> dict[str, str]:
     """This process's environment for a process of the old release (see the module's docstring)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PYTHONSAFEPATH"] = "1"
-    env.update(extra)
-    return env
+    merged = {**os.environ, **ENV_CHANGES, **extra}
+    return {k: v for k, v in merged.items() if v is not None}
 
 
 def _require_commit() -> None:
