@@ -334,7 +334,8 @@ def _giving_way(cur: psycopg.Cursor[tuple[object, ...]], ddl: Callable[[], T]) -
         cur.execute("SAVEPOINT give_way")
         try:
             result = ddl()
-        except psycopg.errors.LockNotAvailable:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            # (A deadlock only where deadlock_timeout is set below GIVE_WAY_LOCK_TIMEOUT.)
             cur.execute("ROLLBACK TO SAVEPOINT give_way")
             if not giving_way:
                 raise
