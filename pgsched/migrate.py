@@ -155,8 +155,8 @@ def _internal_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> dict[int, st
 def _drop_leftovers(cur: psycopg.Cursor[tuple[object, ...]], before: dict[int, str]) -> list[str]:
     """Drop the internal functions that were there before the API files ran and that they left untouched.
 
-    CREATE OR REPLACE rewrites a function's pg_proc row (a new xmin) and _drop_functions
-    gives it a new oid, so a function whose (oid, xmin) did not change is one this release's
+    CREATE OR REPLACE rewrites a function's pg_proc row (a new xmin), and one dropped first
+    comes back with a new oid, so a function whose (oid, xmin) did not change is one this release's
     files do not define (this runs before the grants, which rewrite every row): an earlier
     release's, which no API in the window calls (a kept function of the previous API is
     defined by this release's files, so it stays). This needs no list of what to drop, and
