@@ -165,12 +165,19 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     old = previous_release.venv() / "bin" / "pgsched"
     pgsched_init(old, dsn, previous_release.old_env())
     execute(dsn, EFFECT_SQL)
-    args = ("--max-workers", "2", "--shutdown-timeout", "10")
+    execute(dsn, SETUP_SQL)
+    args = ("--max-workers", "3", "--shutdown-timeout", "10")
     olds = [serve(dsn, *args, executable=old, env=previous_release.ENV_CHANGES) for _ in range(3)]
-    # Its first plan after the instances are ready: a first run started late would make the
-    # next slot come due while it runs, and skip it, before any upgrade.
-    job = add_job(dsn, "'effect', '1 second', config => '{\"s\": 0.3}', initial_start => now() + interval '2 s'")
-    wait_for(lambda: len(successes(dsn, job)) >= 5, 15, "five runs on release 0.1.0")
+    # First plans after the instances are ready: a first run started late would make the next
+    # slot come due while it runs, and skip it, before any upgrade.
+    first = "initial_start => now() + interval '2 s'"
+    job = add_job(dsn, f"'effect', '1 second', config => '{{\"s\": 0.3}}', {first}")
+    # More work, so that every instance claims often: psycopg prepares a statement on its fifth
+    # execution, and a prepared `SELECT * FROM pgsched._claim(...)` is what fails, at every claim,
+    # if the new SQL changed the shape of its result ("cached plan must not change result type").
+    ticks = [add_job(dsn, f"'tick', '1 second', {first}") for _ in range(6)]
+    wait_for(lambda: all(stats(dsn, j)["total_successes"] >= 10 for j in [job, *ticks]), 30,
+             "ten runs of each job on release 0.1.0")
 
     t0 = time.monotonic()
     out = pgsched_init(PGSCHED, dsn)
@@ -214,6 +221,9 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     after = Counter(by_version[r["instance_id"]] for r in runs if r["started_at"] > upgraded_at)
     assert after[previous_release.RELEASE] >= 3 and after[pgsched.__version__] >= 3, after
     assert sorted(by_version.values()) == [previous_release.RELEASE] * 3 + [pgsched.__version__] * 3
+    # The other jobs too: every run closed, every one a success.
+    closed = Counter(r["outcome"] for j in ticks for r in history(dsn, j))
+    assert closed.keys() == {"success"} and closed["success"] > 100, closed
     # No instance of either release logged an SQL error, nor any warning.
     errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)] for s in [*olds, *news]}
     assert not any(errors.values()), errors

@@ -5,7 +5,8 @@ the internal functions its Python calls are read from its source and their defin
 from its schema; then `init` of this code runs over it, as in a rolling upgrade. Each call
 of the previous release must still resolve, to exactly one function, with the same leading
 argument types (new ones only trailing, with defaults) and exactly the same result (a
-running instance's prepared statement fails once if the result's shape changes).
+running instance's prepared `SELECT *` fails if the result's shape changes: "cached plan must
+not change result type", at every claim in release 0.1.0's pipelined claim).
 
 This is the static half; tests/acceptance/test_rolling_upgrade.py runs the old instances.
 """
@@ -29,7 +30,7 @@ class Signature:
     name: str
     args: tuple[str, ...]
     defaults: int  # how many trailing arguments may be left out
-    result: str  # pg_get_function_result: the shape (TABLE(...), SETOF ..., a type)
+    result: str  # pg_get_function_result (TABLE(...), SETOF a type, a type), and a row type's columns
 
     @property
     def required(self) -> int:
@@ -42,10 +43,18 @@ class Signature:
 
 
 def signatures(conn: Conn, names: set[str]) -> list[Signature]:
+    # A function returning a composite type (SETOF pgsched._launch_row) shows only the type's
+    # name: its columns are the result's shape too.
     return [Signature(r["proname"], tuple(r["args"]), r["pronargdefaults"], r["result"]) for r in rows(
         conn, """SELECT p.proname, p.proargtypes::oid[]::regtype[]::text[] AS args, p.pronargdefaults,
-                        pg_get_function_result(p.oid) AS result
-                   FROM pg_proc p WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname = ANY (%s)
+                        pg_get_function_result(p.oid) || coalesce(' (' || (
+                            SELECT string_agg(format('%%I %%s', a.attname, format_type(a.atttypid, a.atttypmod)),
+                                              ', ' ORDER BY a.attnum)
+                              FROM pg_attribute a
+                             WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) || ')', '')
+                            AS result
+                   FROM pg_proc p JOIN pg_type t ON t.oid = p.prorettype
+                  WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname = ANY (%s)
                   ORDER BY 1, 2""", (sorted(names),))]
 
 
