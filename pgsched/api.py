@@ -18,11 +18,12 @@ release runs while the old release's instances are still working. So:
 * The compatibility rule, for every internal function the previous API calls: keep its
   name; keep its arguments (a new one only trailing, with a default: the old positional
   calls still resolve, and init drops the old overload, which would make them ambiguous);
-  keep its result columns exactly (names, types, order: a running instance's prepared
-  `SELECT *` re-plans on the new definition, and fails once with "cached plan must not
-  change result type" if the shape changed); keep reading the data the previous release
-  sends. A function that keeps its arguments and result is replaced in place by init
-  (the same oid: see migrate._apply_api), the smoothest change for running instances.
+  keep its result columns exactly, a returned row type's included (names, types, order: a
+  running instance's prepared `SELECT *` re-plans on the new definition, and fails with
+  "cached plan must not change result type" if the shape changed, at every claim in
+  0.1.0's pipelined claim); keep reading the data the previous release sends. A function
+  that keeps its arguments and result is replaced in place by init (the same oid: see
+  migrate._apply_api), the smoothest change for running instances.
   A change that cannot follow the rule gets a new function (a new name), and the
   previous definition is kept beside it, in a file of its own in sql/api/ that the next
   release deletes. tests/integration/test_api_compat.py checks the rule against the
