@@ -5,5 +5,5 @@ Python jobs: decorate a handler with @pgsched.job(...) and run `pgsched serve --
 
 from pgsched.app import JobDeclarationError, LeaseLost, Result, Run, job
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["JobDeclarationError", "LeaseLost", "Result", "Run", "__version__", "job"]

@@ -8,7 +8,7 @@ import sys
 import click
 import psycopg
 
-from pgsched import migrate
+from pgsched import __version__, migrate
 from pgsched.config import redact, resolve_dsn
 from pgsched.errors import PgschedError
 
@@ -19,7 +19,9 @@ dsn_option = click.option(
 
 
 @click.group()
-@click.version_option(package_name="pgsched")
+# The version of the code that runs (not of an installed distribution's metadata): the one
+# it registers in pgsched.instances and checks against the schema's API.
+@click.version_option(__version__, package_name="pgsched")
 def main() -> None:
     """pgsched: run jobs that live in a PostgreSQL database."""
 
@@ -40,6 +42,11 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     else:
         click.echo(f"schema version {result.version} is up to date")
     click.echo(f"PL/Python schedule functions: {'installed' if result.plpython else 'not available'}")
+    if result.api is not None:
+        click.echo(f"internal API {result.api.api_version} (release {result.api.release}); instances of "
+                   f"API {result.api.oldest_api_served} to {result.api.api_version} may run on it")
+    if result.dropped:
+        click.echo(f"dropped what no release in that window calls: {', '.join(result.dropped)}")
 
 
 app_option = click.option(

@@ -7,21 +7,35 @@ the server has PL/Python) are CREATE OR REPLACE files re-applied whenever their
 combined checksum changes. Everything happens in one transaction under an
 advisory lock, so concurrent `pgsched init` runs serialize and a failure leaves
 the database as it was; a second run with nothing new is a no-op.
+
+Instances of the previous release keep running through an upgrade (pgsched/api.py),
+so re-applying the files replaces functions in place (_apply_api), gives way to the
+running schedulers' statements instead of deadlocking with them (_giving_way), and
+then drops the internal functions the files no longer define (_drop_leftovers): the
+files of a release define its own API and the previous one it still serves, so what
+they do not define, no release in the window calls. check_version is what `pgsched
+serve` asks on every (re)connect: whether the schema serves this code's API.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 import re
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
+from pgsched import __version__, api
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
+
+T = TypeVar("T")
 
 # Any fixed number: the lock only has to be the same for every pgsched init.
 MIGRATION_LOCK_KEY = 7_401_295_310
@@ -72,13 +86,18 @@ def code_version() -> int:
     return len(migrations())
 
 
+def works_on_every_function(f: Path) -> bool:
+    """The API files numbered 90 and up (the public wrappers, the grants) work on every function there is."""
+    return f.parent.name == "api" and f.name >= "90_"
+
+
 def api_files(with_plpython: bool) -> list[Path]:
     files = sorted((_source_dir("sql") / "api").glob("*.sql"))
     if with_plpython:
         # PL/Python definitions replace the plain-SQL fallbacks of the same name,
         # and must exist before the files numbered 90 and up, which work on every
         # function there is: the public wrappers (90_) and the grants (95_).
-        last = [f for f in files if f.name >= "90_"]
+        last = [f for f in files if works_on_every_function(f)]
         files = [f for f in files if f not in last]
         files += sorted(_source_dir("plpython").glob("*.sql")) + last
     return files
@@ -90,6 +109,10 @@ class InitResult:
     api_reapplied: bool
     plpython: bool
     version: int
+    # Internal functions of earlier releases that this release's files no longer define.
+    dropped: list[str] = field(default_factory=list)
+    # What pgsched._api() says after init: this release's API and the oldest it serves.
+    api: api.SchemaApi | None = None
 
 
 def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
@@ -108,6 +131,59 @@ def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
                plpython   boolean NOT NULL,
                applied_at timestamptz NOT NULL DEFAULT now())"""
     )
+
+
+def schema_api(cur: psycopg.Cursor[Any]) -> api.SchemaApi:
+    """What the installed pgsched._api() says; a schema without it is release 0.1.0's (API 1)."""
+    cur.execute("SELECT to_regprocedure('pgsched._api()') IS NOT NULL")
+    row = cur.fetchone()
+    if not row or not row[0]:
+        return api.API_1
+    cur.execute("SELECT api_version, oldest_api_served, release FROM pgsched._api()")
+    row = cur.fetchone()
+    assert row is not None
+    return api.SchemaApi(int(row[0]), int(row[1]), str(row[2]))
+
+
+def _internal_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> dict[int, str]:
+    """The internal (underscore) functions of schema pgsched: oid -> xmin of their pg_proc row."""
+    cur.execute(r"""SELECT p.oid::bigint, p.xmin::text FROM pg_catalog.pg_proc p
+                     WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname LIKE '\_%'""")
+    return {int(str(oid)): str(xmin) for oid, xmin in cur.fetchall()}
+
+
+def _drop_leftovers(cur: psycopg.Cursor[tuple[object, ...]], before: dict[int, str]) -> list[str]:
+    """Drop the internal functions that were there before the API files ran and that they left untouched.
+
+    CREATE OR REPLACE rewrites a function's pg_proc row (a new xmin), and one dropped first
+    comes back with a new oid, so a function whose (oid, xmin) did not change is one this release's
+    files do not define (this runs before the grants, which rewrite every row): an earlier
+    release's, which no API in the window calls (a kept function of the previous API is
+    defined by this release's files, so it stays). This needs no list of what to drop, and
+    is what lets a file of kept functions go away in the release after. Spared: a function
+    something else depends on (the row-security policies' _catalog_admin, made by a
+    migration) and one that belongs to an extension. So a function belongs in sql/api/,
+    unless a table's policy, default or trigger made by a migration depends on it.
+    """
+    cur.execute(
+        r"""SELECT p.oid::bigint, p.xmin::text, p.oid::regprocedure::text
+              FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname LIKE '\_%'
+               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.refobjid = p.oid
+                                  AND d.deptype IN ('n', 'a'))
+               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                                WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid
+                                  AND d.deptype = 'e')
+             ORDER BY 3"""
+    )
+    dropped = []
+    for oid, xmin, signature in cur.fetchall():
+        if before.get(int(str(oid))) == str(xmin):
+            # The signature comes from the catalog (regprocedure output is quoted as needed).
+            cur.execute(sql.SQL("DROP ROUTINE {}").format(sql.SQL(str(signature))))
+            dropped.append(str(signature))
+    return dropped
 
 
 def _try_plpython(cur: psycopg.Cursor[tuple[object, ...]], want: bool) -> bool:
@@ -159,7 +235,12 @@ def _drop_plpython_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
 
 
 def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True) -> InitResult:
-    """Install or upgrade the schema on `conn` (which must not be in a transaction)."""
+    """Install or upgrade the schema on `conn` (which must not be in a transaction).
+
+    Instances of the previous release keep running through it (a rolling upgrade): its DDL
+    gives way to their statements instead of deadlocking with them (_giving_way), and the
+    files replace functions in place (_apply_api).
+    """
     todo = migrations()
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -172,20 +253,19 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
                 f"the database's pgsched schema is version {newest}, newer than this pgsched "
                 f"(which knows versions up to {len(todo)}): upgrade pgsched before using it on this database"
             )
+        installed = schema_api(cur) if applied else None
+        if installed is not None and installed.api_version > api.API_VERSION:
+            # Its functions would be replaced by older ones that no longer serve its instances.
+            raise SchemaVersionMismatch(
+                f"{installed.describe()}, newer than this pgsched {__version__} (API {api.API_VERSION}): "
+                "upgrade pgsched before using it on this database"
+            )
         for m in todo:
             if m.version in applied and applied[m.version] != m.checksum:
                 raise MigrationChecksumMismatch(
                     f"migration {m.version:04d}_{m.name} differs from the one applied to this database"
                 )
-        done = []
-        for m in todo:
-            if m.version not in applied:
-                cur.execute(sql.SQL(m.text))
-                cur.execute(
-                    "INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, %s, %s)",
-                    (m.version, m.name, m.checksum),
-                )
-                done.append(m.version)
+        pending = [m for m in todo if m.version not in applied]
         has_plpython = _try_plpython(cur, plpython)
         files = api_files(has_plpython)
         # The mode is part of the checksum: switching PL/Python on or off re-applies the API
@@ -196,23 +276,134 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
         checksum = digest.hexdigest()
         cur.execute("SELECT checksum, plpython FROM pgsched.api_state")
         row = cur.fetchone()
-        reapply = row is None or row[0] != checksum or bool(done)
-        if reapply:
+        reapply = row is None or row[0] != checksum or bool(pending)
+
+        def upgrade() -> list[str]:
+            for m in pending:
+                cur.execute(sql.SQL(m.text))
+                cur.execute(
+                    "INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, %s, %s)",
+                    (m.version, m.name, m.checksum),
+                )
+            if not reapply:
+                return []
             if not has_plpython:
                 _drop_plpython_functions(cur)
-            for f in files:
-                cur.execute(sql.SQL(f.read_text()))
+            dropped = _apply_api(cur, files)
             cur.execute(
                 """INSERT INTO pgsched.api_state (checksum, plpython) VALUES (%s, %s)
                    ON CONFLICT (singleton) DO UPDATE
                    SET checksum = excluded.checksum, plpython = excluded.plpython, applied_at = now()""",
                 (checksum, has_plpython),
             )
-    return InitResult(applied=done, api_reapplied=reapply, plpython=has_plpython, version=len(todo))
+            return dropped
+
+        dropped = _giving_way(cur, upgrade) if reapply else []
+        now_api = schema_api(cur)
+    return InitResult(applied=[m.version for m in pending], api_reapplied=reapply, plpython=has_plpython,
+                      version=len(todo), dropped=dropped, api=now_api)
+
+
+# How long init keeps giving way to other sessions' statements (see _giving_way) before it
+# waits for its locks like any statement, and how long it waits for one lock before it does.
+GIVE_WAY_FOR = 30.0
+GIVE_WAY_LOCK_TIMEOUT = "100ms"
+
+
+def _giving_way(cur: psycopg.Cursor[tuple[object, ...]], ddl: Callable[[], T]) -> T:
+    """Run `ddl` so that it never blocks running schedulers for long nor deadlocks with them.
+
+    The DDL takes its locks one at a time (ALTER TABLE, CREATE OR REPLACE TRIGGER or VIEW),
+    holding each to the commit, and a scheduler's statement may hold one of them and wait for
+    another: a deadlock, which PostgreSQL breaks after deadlock_timeout (1 s) by cancelling
+    one of the two, or the scheduler's lock_timeout (1 s) cancels its statement first, an SQL
+    error in its log either way. So the DDL waits at most GIVE_WAY_LOCK_TIMEOUT for any lock;
+    when that runs out, it is rolled back to a savepoint (releasing every lock it took, so the
+    waiting statements go on) and tried again a moment later. Only after GIVE_WAY_FOR seconds
+    of that (a session keeps a lock for long) does it wait in line like any statement.
+    """
+    cur.execute("SELECT current_setting('lock_timeout')")
+    row = cur.fetchone()
+    assert row is not None
+    session_timeout = str(row[0])
+    deadline = time.monotonic() + GIVE_WAY_FOR
+    while True:
+        giving_way = time.monotonic() < deadline
+        timeout = GIVE_WAY_LOCK_TIMEOUT if giving_way else session_timeout
+        cur.execute("SELECT set_config('lock_timeout', %s, true)", (timeout,))
+        cur.execute("SAVEPOINT give_way")
+        try:
+            result = ddl()
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            # (A deadlock only where deadlock_timeout is set below GIVE_WAY_LOCK_TIMEOUT.)
+            cur.execute("ROLLBACK TO SAVEPOINT give_way")
+            if not giving_way:
+                raise
+            time.sleep(random.uniform(0.02, 0.1))
+            continue
+        cur.execute("RELEASE SAVEPOINT give_way")
+        cur.execute("SELECT set_config('lock_timeout', %s, true)", (session_timeout,))
+        return result
+
+
+# PostgreSQL's hint when CREATE OR REPLACE cannot replace a function (another result type, a
+# renamed argument): "Use DROP FUNCTION pgsched._f(integer) first." The command is not translated.
+_DROP_HINT = re.compile(r"\bDROP (?:FUNCTION|PROCEDURE) (\S.*\))")
+
+
+def _apply_api(cur: psycopg.Cursor[tuple[object, ...]], files: list[Path]) -> list[str]:
+    """Apply the API files, replacing each function in place; what no file defines is dropped after.
+
+    A function dropped and created again gets a new oid, and a running scheduler's statement
+    that looked the old one up just before the commit then fails ("cache lookup failed for
+    function", or "could not open relation" for a composite type): an SQL error in an
+    instance that a rolling upgrade must leave working. CREATE OR REPLACE keeps the oid. So
+    the files' own _drop_functions calls are switched off (pgsched.replace_in_place); a
+    function PostgreSQL refuses to replace in place (its result or an argument name changed:
+    which the compatibility rule of pgsched/api.py rules out for what the previous API calls)
+    makes the files fail with a hint naming it, and it alone is dropped before they run
+    again. Returns what _drop_leftovers dropped.
+    """
+    cur.execute("SELECT set_config('pgsched.replace_in_place', 'on', true)")
+    before = _internal_functions(cur)
+    refused: list[str] = []
+    while True:
+        cur.execute("SAVEPOINT api_files")
+        try:
+            dropped: list[str] | None = None
+            for f in files:
+                if dropped is None and works_on_every_function(f):
+                    # Before the grants, which rewrite every function's row, and the wrappers.
+                    dropped = _drop_leftovers(cur, before)
+                cur.execute(sql.SQL(f.read_text()))
+            if dropped is None:
+                dropped = _drop_leftovers(cur, before)
+        except psycopg.errors.InvalidFunctionDefinition as e:
+            cur.execute("ROLLBACK TO SAVEPOINT api_files")
+            found = _DROP_HINT.search(e.diag.message_hint or "")
+            cur.execute("SELECT to_regprocedure(%s)::text", (found.group(1) if found else None,))
+            row = cur.fetchone()
+            signature = str(row[0]) if row and row[0] is not None else None
+            if signature is None or signature in refused:
+                raise
+            refused.append(signature)
+            # The signature is the catalog's own text of an existing pgsched function.
+            cur.execute(sql.SQL("DROP ROUTINE {}").format(sql.SQL(signature)))
+            continue
+        cur.execute("RELEASE SAVEPOINT api_files")
+        cur.execute("SELECT set_config('pgsched.replace_in_place', 'off', true)")
+        return dropped
 
 
 def check_version(conn: psycopg.Connection[Any]) -> int:
-    """The schema version if it matches this code; SchemaVersionMismatch otherwise."""
+    """The schema version if this code may work on the schema; SchemaVersionMismatch otherwise.
+
+    `pgsched serve` asks this on connect and on every reconnect. What decides is the API
+    window (pgsched/api.py): the schema must serve this code's API. The migrations are
+    checked too: fewer than this code's means `init` of this release has not run; more
+    are accepted only from a newer API that still serves this one (the release that added
+    them bumped the API), so that rolling upgrades work across a migration.
+    """
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute("SELECT to_regclass('pgsched.migration') IS NOT NULL")
         row = cur.fetchone()
@@ -220,10 +411,12 @@ def check_version(conn: psycopg.Connection[Any]) -> int:
             raise SchemaVersionMismatch("pgsched is not installed in this database: run `pgsched init` first")
         cur.execute("SELECT coalesce(max(version), 0) FROM pgsched.migration")
         row = cur.fetchone()
+        schema = schema_api(cur)
+    api.check(schema)
     have = int(str(row[0])) if row else 0
     want = code_version()
-    if have != want:
+    if have < want or (have > want and schema.api_version == api.API_VERSION):
         hint = "run `pgsched init` to upgrade it" if have < want else "upgrade pgsched"
         raise SchemaVersionMismatch(
-            f"the database's pgsched schema is version {have}, this pgsched needs {want}: {hint}")
+            f"the database's pgsched schema is version {have}, this pgsched {__version__} needs {want}: {hint}")
     return have

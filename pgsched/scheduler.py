@@ -5,7 +5,9 @@ wake-up pipe, with a timeout at the earliest of: the next job's start, a run's
 deadline, the next heartbeat or the safety re-read. Then it reaps what ended
 (mark_end, one transaction for all of them), enforces timeouts, and claims
 what is due for its idle workers (mark_start, one statement). Time is database
-time (clock.py). `run(until=...)` bounds the loop for tests.
+time (clock.py). `run(until=...)` bounds the loop for tests. A schema that does
+not serve this code's internal API (pgsched/api.py), found on connect, on a
+reconnect or after an SQL error, stops the loop with SchemaVersionMismatch.
 """
 
 from __future__ import annotations
@@ -124,6 +126,10 @@ class Scheduler(Recovery):
         except psycopg.OperationalError as e:
             self._lost_connection(e)
         except psycopg.Error as e:
+            # The schema may have changed under us: `init` of a release whose API window no
+            # longer includes ours drops functions we call. Stop with the one message that
+            # says so (SchemaVersionMismatch), rather than report the same SQL error each round.
+            self._check_schema()
             # A catalog row the client cannot read (written by hand) must not stop the other
             # jobs: report it, pause claiming a moment, and go on.
             log.error("database error in the scheduler loop (continuing): %s", first_line(e))
@@ -198,6 +204,8 @@ class Scheduler(Recovery):
             self._schedule_reconnect()
             return
         try:
+            # At start and on every reconnect (a reconnect may follow `init` of another release):
+            # outside the API window (pgsched/api.py) this raises, and `serve` stops with its message.
             store.check_version()
             self.store = store
             # Registered by number: once libpq drops a lost connection, conn.fileno() raises,
@@ -217,6 +225,25 @@ class Scheduler(Recovery):
             raise
         except psycopg.OperationalError as e:
             self._lost_connection(e)
+        except psycopg.Error as e:
+            # Not the connection: a statement that met the schema in the middle of a change.
+            # Outside our API window that stops us; a reconnect otherwise tries again later
+            # rather than end the process (with the runs it holds) over one statement.
+            self._check_schema()
+            if startup:
+                raise
+            self._lost_connection(e)
+
+    def _check_schema(self) -> None:
+        """After an SQL error: raise SchemaVersionMismatch if the schema no longer serves our API."""
+        if self.store is None:
+            return
+        try:
+            self.store.check_version()
+        except psycopg.OperationalError as e:
+            self._lost_connection(e)  # the check runs again on reconnecting
+        except psycopg.Error:
+            pass  # it cannot tell; the error is reported as it is
 
     def _become_active(self, *, first: bool) -> None:
         assert self.store is not None

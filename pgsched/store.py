@@ -328,7 +328,7 @@ class Store:
             if finishing:
                 fin = self._close_cursor(finishing)
             cur = self._execute(
-                "SELECT * FROM pgsched._claim(%s, %s, %s, %s, %s)",
+                "SELECT * FROM pgsched._claim_v2(%s, %s, %s, %s, %s)",
                 (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
             )
         rows = cur.fetchall()
@@ -344,7 +344,7 @@ class Store:
         if not runs:
             return []
         rows = self._execute(
-            "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s)",
+            "SELECT * FROM pgsched._take_over_v2(%s, %s, %s, %s, %s)",
             (instance_id, [r for r, _ in runs], [t for _, t in runs], [w for w, _ in workers],
              [b for _, b in workers]),
         ).fetchall()
@@ -400,7 +400,7 @@ class Store:
 
     def disable(self, job_id: int, reason: str) -> str | None:
         """Disable a job that cannot run; its state after (None: the job is gone)."""
-        row = self._execute("SELECT pgsched._disable_job(%s, %s) AS state", (job_id, reason)).fetchone()
+        row = self._execute("SELECT pgsched._disable_job_v2(%s, %s) AS state", (job_id, reason)).fetchone()
         return row["state"] if row else None
 
     def set_terminating(self, run_id: int) -> bool:

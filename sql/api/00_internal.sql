@@ -7,16 +7,59 @@
 -- PostgreSQL does not record as dependencies): the file that defines them calls this
 -- first, so a changed argument list or result neither fails CREATE OR REPLACE nor leaves
 -- an old overload behind that makes calls ambiguous.
+-- Except under `pgsched init`, which sets pgsched.replace_in_place: a function dropped and
+-- created again gets a new oid, and a statement of a running scheduler that looked up the
+-- old one just before init's commit fails ("cache lookup failed for function"). So init
+-- has the files replace functions in place, drops only those PostgreSQL refuses to replace
+-- (a changed result or argument name), and after the files the old overloads they did not
+-- create again (pgsched/migrate.py).
 CREATE OR REPLACE FUNCTION pgsched._drop_functions(names text[])
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     f regprocedure;
 BEGIN
+    IF pg_catalog.current_setting('pgsched.replace_in_place', true) = 'on' THEN
+        RETURN;
+    END IF;
     FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname = ANY (names) LOOP
         EXECUTE format('DROP FUNCTION %s', f);
     END LOOP;
+END
+$$;
+
+-- Create the composite type pgsched.<type_name> (<attributes>), or leave it as it is when it
+-- has these attributes already: dropping it would take the functions that return it along
+-- (new oids: see _drop_functions). A type whose attributes changed is dropped with them
+-- (CASCADE): its file creates them again after it.
+CREATE OR REPLACE FUNCTION pgsched._define_type(type_name text, attributes text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    scratch constant text := type_name || '__new';
+    old_attributes text;
+    new_attributes text;
+BEGIN
+    IF pg_catalog.to_regtype(format('pgsched.%I', type_name)) IS NULL THEN
+        EXECUTE format('CREATE TYPE pgsched.%I AS (%s)', type_name, attributes);
+        RETURN;
+    END IF;
+    -- Compared as PostgreSQL reads them, so that spelling (int, integer) does not matter.
+    EXECUTE format('CREATE TYPE pgsched.%I AS (%s)', scratch, attributes);
+    SELECT pg_catalog.string_agg(format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)),
+                                 ', ' ORDER BY a.attnum) FILTER (WHERE t.typname = type_name),
+           pg_catalog.string_agg(format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)),
+                                 ', ' ORDER BY a.attnum) FILTER (WHERE t.typname = scratch)
+      INTO old_attributes, new_attributes
+      FROM pg_catalog.pg_type t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.typrelid
+     WHERE t.typnamespace = 'pgsched'::regnamespace AND t.typname IN (type_name, scratch)
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    EXECUTE format('DROP TYPE pgsched.%I', scratch);
+    IF old_attributes IS DISTINCT FROM new_attributes THEN
+        EXECUTE format('DROP TYPE pgsched.%I CASCADE', type_name);
+        EXECUTE format('CREATE TYPE pgsched.%I AS (%s)', type_name, attributes);
+    END IF;
 END
 $$;
 

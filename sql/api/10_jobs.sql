@@ -69,10 +69,10 @@ SELECT pgsched._drop_functions(ARRAY['_check_settings', '_insert_job', '_alter_j
 -- (PostgreSQL needs each argument written): tests/integration/test_settings_contract.py fails
 -- when they, the table, or the Python side disagree with this definition.
 --
--- Re-created on every install: functions taking it are dropped with it and re-created below
--- and in 60_code_jobs.sql; nothing stored (no table column) has this type.
-DROP TYPE IF EXISTS pgsched.job_settings CASCADE;
-CREATE TYPE pgsched.job_settings AS (
+-- Created again only when its attributes change (_define_type): a function taking it would
+-- otherwise get a new oid at every install, under running schedulers. Nothing stored (no table
+-- column) has this type.
+SELECT pgsched._define_type('job_settings', $$
     schedule            text,        -- an interval literal or a cron expression
     fixed_schedule      boolean,
     initial_start       timestamptz,
@@ -89,7 +89,7 @@ CREATE TYPE pgsched.job_settings AS (
     schedule_delay      interval,
     allow_stale_reentry boolean,
     scope_query         text
-);
+$$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
 CREATE OR REPLACE FUNCTION pgsched._settings_defaults()

@@ -21,9 +21,9 @@ SELECT pgsched._drop_functions(ARRAY[
     '_abandoned_runs',
     '_behind',
     '_catch_up',
-    '_claim',
+    '_claim_v2',
     '_close_runs',
-    '_disable_job',
+    '_disable_job_v2',
     '_finish_run',
     '_finish_runs',
     '_heartbeat',
@@ -36,13 +36,13 @@ SELECT pgsched._drop_functions(ARRAY[
     '_register_instance',
     '_run_app_name',
     '_set_terminating',
-    '_take_over',
+    '_take_over_v2',
     '_terminate_run_backend',
     '_unplanned']);
 
 -- Queued scope runs a scheduler may claim: of a scheduled job, and the oldest queued
 -- run of their (job, scope) with no run of that scope in progress (a scope runs one plan
--- at a time). Read by _claim and _next_due; a view, so it is inlined into both.
+-- at a time). Read by _claim_v2 and _next_due; a view, so it is inlined into both.
 CREATE OR REPLACE VIEW pgsched._claimable_scope_runs AS
 SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
   FROM pgsched.job_run q JOIN pgsched.job j ON j.job_id = q.job_id
@@ -51,14 +51,13 @@ SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
                     WHERE o.job_id = q.job_id AND o.scope = q.scope
                       AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
 
--- A run to launch, as _claim and _take_over return it: the run, its job's counters before it,
--- and what pgsched._job_launch says about the job. `settings` is the job row as jsonb, from
--- which the scheduler reads the job's settings by name (pgsched.model.JobSettings); the
--- columns from config to scope_query are the same settings one by one, kept for API 1
--- instances (release 0.1.0 reads them by name); dropped with API 3. job_state: the job's
--- state after the claim.
-DROP TYPE IF EXISTS pgsched._launch_row;
-CREATE TYPE pgsched._launch_row AS (
+-- A run to launch, as _claim_v2 and _take_over_v2 return it: the run, its job's counters before
+-- it, and what pgsched._job_launch says about the job. `settings` is the job row as jsonb, from
+-- which the scheduler reads the job's settings by name (pgsched.model.JobSettings); job_state is
+-- the job's state after the claim. The columns from config to scope_query are the same settings
+-- one by one, which API 1's _launch_row has (41_api1.sql); they go with it. (Created again only
+-- when it changed: see _define_type.)
+SELECT pgsched._define_type('_launch_row_v2', $$
     run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
     lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
     consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name, proc_name name,
@@ -67,10 +66,10 @@ CREATE TYPE pgsched._launch_row AS (
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz, settings jsonb, job_state text);
+    db_now timestamptz, settings jsonb, job_state text$$);
 
--- What a scheduler needs to launch a run of a job, by job_id: read by _claim and
--- _take_over. A view, so that it is inlined into their queries (a function with a
+-- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
+-- _take_over_v2. A view, so that it is inlined into their queries (a function with a
 -- pinned search_path would be called once per row).
 CREATE OR REPLACE VIEW pgsched._job_launch AS
 SELECT j.job_id, j.job_name, j.kind,
@@ -109,10 +108,10 @@ SELECT j.job_id, j.job_name, j.kind,
 -- worker that waits for the start time, so the claim's own latency does not delay
 -- the start. Such a run's started_at is its start time.
 -- Which queued scope runs are claimable: pgsched._claimable_scope_runs.
-CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
+CREATE OR REPLACE FUNCTION pgsched._claim_v2(instance_id bigint, worker_pids integer[], backend_pids integer[],
                                           ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}',
                                           now timestamptz DEFAULT now())
-RETURNS SETOF pgsched._launch_row
+RETURNS SETOF pgsched._launch_row_v2
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 -- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
@@ -125,7 +124,7 @@ BEGIN
                pgsched._delayed(s.next_start, -s.schedule_delay) AS plan_time,
                row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
           FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
-                 WHERE s.state = 'scheduled' AND s.next_start <= _claim.now + ahead
+                 WHERE s.state = 'scheduled' AND s.next_start <= _claim_v2.now + ahead
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
                  ORDER BY s.next_start, s.job_id
@@ -145,8 +144,8 @@ BEGIN
                                           instance_id, lease_token, heartbeat_at)
         SELECT d.job_id, d.plan_time,
                CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
-               greatest(_claim.now, d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
-               nextval('pgsched.lease_token_seq'), _claim.now
+               greatest(_claim_v2.now, d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
+               nextval('pgsched.lease_token_seq'), _claim_v2.now
           FROM due d
          ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
@@ -154,9 +153,9 @@ BEGIN
                   r.backend_pid
     ), scoped AS (
         UPDATE pgsched.job_run r
-           SET outcome = 'running', started_at = _claim.now, worker_pid = worker_pids[q.n],
-               backend_pid = backend_pids[q.n], instance_id = _claim.instance_id,
-               lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim.now
+           SET outcome = 'running', started_at = _claim_v2.now, worker_pid = worker_pids[q.n],
+               backend_pid = backend_pids[q.n], instance_id = _claim_v2.instance_id,
+               lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim_v2.now
           FROM queued q
          WHERE r.run_id = q.run_id
         RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
@@ -419,16 +418,16 @@ $$;
 -- a crash; the new one is counted in advance like any start (see 20_runs.sql). The job
 -- keeps its state (starting, or terminating if its holder was cancelling the run: the
 -- attempt ends like the one it replaces); only a job found scheduled becomes starting.
-CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
+CREATE OR REPLACE FUNCTION pgsched._take_over_v2(instance_id bigint, run_ids bigint[], tokens bigint[],
                                               worker_pids integer[], backend_pids integer[],
                                               now timestamptz DEFAULT now())
-RETURNS SETOF pgsched._launch_row
+RETURNS SETOF pgsched._launch_row_v2
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH t AS (
         UPDATE pgsched.job_run r
-           SET instance_id = _take_over.instance_id, lease_token = nextval('pgsched.lease_token_seq'),
-               attempt = r.attempt + 1, started_at = _take_over.now, heartbeat_at = _take_over.now,
+           SET instance_id = _take_over_v2.instance_id, lease_token = nextval('pgsched.lease_token_seq'),
+               attempt = r.attempt + 1, started_at = _take_over_v2.now, heartbeat_at = _take_over_v2.now,
                worker_pid = u.worker_pid, backend_pid = u.backend_pid,
                message = format('attempt %s: taken over after the lease of attempt %s (instance %s) went stale',
                                 r.attempt + 1, r.attempt, r.instance_id)
@@ -519,13 +518,13 @@ $$;
 -- the job's state after (NULL: no such job). Pausing it moves an idle job to disabled
 -- (pgsched._job_row_change); the state is written here too for a job whose flag was
 -- already off (a catalog edited by hand), so that it is not handed back every round.
-CREATE OR REPLACE FUNCTION pgsched._disable_job(job_id integer, reason text)
+CREATE OR REPLACE FUNCTION pgsched._disable_job_v2(job_id integer, reason text)
 RETURNS text LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = _disable_job.job_id;
+    UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = _disable_job_v2.job_id;
     UPDATE pgsched.job_stat s SET disabled_reason = reason,
            state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
-     WHERE s.job_id = _disable_job.job_id
+     WHERE s.job_id = _disable_job_v2.job_id
     RETURNING s.state;
 $$;
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -127,12 +127,16 @@ def serve(tmp_path: Path) -> Iterator[ServeFactory]:
     tag = uuid.uuid4().hex
     started: list[Serve] = []
 
-    def start(dsn: str, *args: str, wait_instance: bool = True, env: dict[str, str] | None = None) -> Serve:
+    def start(dsn: str, *args: str, wait_instance: bool = True, env: Mapping[str, str | None] | None = None,
+              executable: Path = PGSCHED) -> Serve:
+        """`env` is added to this process's environment (None removes a variable); `executable` is
+        another installation's console script (an older release's, for the upgrade tests)."""
         log_path = tmp_path / f"serve-{len(started)}.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 -- closed at teardown
-        full_env = {**os.environ, **(env or {}), MARKER_VAR: tag}
+        merged = {**os.environ, **(env or {}), MARKER_VAR: tag}
+        full_env = {k: v for k, v in merged.items() if v is not None}
         proc = subprocess.Popen(
-            [str(PGSCHED), "serve", "--dsn", dsn, *args],
+            [str(executable), "serve", "--dsn", dsn, *args],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=full_env, start_new_session=True,
         )
         s = Serve(proc=proc, log_path=log_path, dsn=dsn, tag=tag, _log_file=log_file)

@@ -36,7 +36,7 @@ def register(api: Conn, at: datetime) -> int:
 
 def claim(api: Conn, instance: int, at: datetime, workers: int = 1,
           ahead: timedelta = timedelta(0)) -> list[dict[str, Any]]:
-    return rows(api, "SELECT * FROM pgsched._claim(%s, %s, %s, %s, '{}', now => %s)",
+    return rows(api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, %s, '{}', now => %s)",
                 (instance, list(range(100, 100 + workers)), [0] * workers, ahead, at))
 
 
@@ -152,14 +152,14 @@ def test_take_over_starts_the_next_attempt_at_the_given_time(api: Conn) -> None:
     [run] = claim(api, holder, T)
     at = T + DEAD_AFTER + S
     assert abandoned(api, taker, at) == {run["run_id"]: "stale"}
-    [taken] = rows(api, "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s, now => %s)",
+    [taken] = rows(api, "SELECT * FROM pgsched._take_over_v2(%s, %s, %s, %s, %s, now => %s)",
                    (taker, [run["run_id"]], [run["lease_token"]], [7], [0], at))
     assert (taken["run_id"], taken["attempt"], taken["started_at"]) == (run["run_id"], 2, at)
     assert taken["lease_token"] != run["lease_token"]
     r = one(api, "SELECT instance_id, heartbeat_at FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],))
     assert r == {"instance_id": taker, "heartbeat_at": at}
     # Fenced on the old token: a second takeover with it does nothing.
-    assert rows(api, "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s, now => %s)",
+    assert rows(api, "SELECT * FROM pgsched._take_over_v2(%s, %s, %s, %s, %s, now => %s)",
                 (holder, [run["run_id"]], [run["lease_token"]], [8], [0], at + S)) == []
     st = one(api, "SELECT total_runs, total_crashes FROM pgsched.job_stat WHERE job_id = %s", (job,))
     assert st == {"total_runs": 2, "total_crashes": 2}

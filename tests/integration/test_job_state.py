@@ -99,7 +99,7 @@ def test_a_job_stat_row_begins_scheduled_or_disabled(api_tx: Conn) -> None:
 
 
 def claim(conn: Conn, instance: int, n: int = 1) -> list[dict[str, Any]]:
-    return rows(conn, "SELECT * FROM pgsched._claim(%s, %s, %s)",
+    return rows(conn, "SELECT * FROM pgsched._claim_v2(%s, %s, %s)",
                 (instance, list(range(1, n + 1)), list(range(101, 101 + n))))
 
 
@@ -152,7 +152,9 @@ def test_release_0_1_0_reads_the_closes_as_it_did(api_tx: Conn, instance: int) -
                                                    (Jsonb([end(r) for r in runs]),)).fetchall()]
     assert sorted(ids) == sorted(r["run_id"] for r in runs)
     assert state_of(api_tx, first) == state_of(api_tx, second) == "scheduled"
-    assert scalar(api_tx, "SELECT pgsched._disable_job(%s, 'bad schedule')", (first,)) == "disabled"
+    assert scalar(api_tx, "SELECT pgsched._disable_job(%s, 'bad schedule')", (first,)) is None  # void, as in 0.1.0
+    assert state_of(api_tx, first) == "disabled"
+    assert scalar(api_tx, "SELECT pgsched._disable_job_v2(%s, 'bad schedule')", (second,)) == "disabled"
     assert scalar(api_tx, "SELECT pgsched._set_terminating(%s)", (runs[0]["run_id"],)) is False
 
 
@@ -172,7 +174,7 @@ def test_a_takeover_of_a_run_being_cancelled_keeps_its_job_terminating(api_tx: C
     job_id = due(api_tx, "'ok_fn', '1 hour', allow_stale_reentry => true")
     run = claim(api_tx, instance)[0]
     api_tx.execute("SELECT pgsched._set_terminating(%s)", (run["run_id"],))
-    taken = rows(api_tx, "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s)",
+    taken = rows(api_tx, "SELECT * FROM pgsched._take_over_v2(%s, %s, %s, %s, %s)",
                  (instance, [run["run_id"]], [run["lease_token"]], [2], [102]))
     assert [(t["attempt"], t["job_state"]) for t in taken] == [(2, "terminating")]
     assert close(api_tx, end(run)) == []  # the stale attempt's lease is gone
@@ -184,7 +186,7 @@ def test_a_takeover_of_a_run_being_cancelled_keeps_its_job_terminating(api_tx: C
 def test_a_takeover_moves_a_starting_job_nowhere(api_tx: Conn, instance: int) -> None:
     job_id = due(api_tx, "'ok_fn', '1 hour', allow_stale_reentry => true")
     run = claim(api_tx, instance)[0]
-    taken = rows(api_tx, "SELECT * FROM pgsched._take_over(%s, %s, %s, %s, %s)",
+    taken = rows(api_tx, "SELECT * FROM pgsched._take_over_v2(%s, %s, %s, %s, %s)",
                  (instance, [run["run_id"]], [run["lease_token"]], [2], [102]))
     assert [t["job_state"] for t in taken] == ["starting"]
     assert state_of(api_tx, job_id) == "starting"

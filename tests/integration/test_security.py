@@ -378,9 +378,9 @@ def test_scheduler_functions_are_not_executable_by_other_roles(s: Sessions) -> N
           FROM pg_proc p WHERE p.pronamespace = 'pgsched'::regnamespace""", (s.odb.alice, s.odb.scheduler))
     may = {r["proname"] for r in found if r["alice_may"]}
     assert all(r["scheduler_may"] for r in found)
-    for private in ("_claim", "_finish_runs", "_abandoned_runs", "_register_instance", "_instance_heartbeat",
-                    "_instance_stop", "_mark_start", "_mark_end", "_disable_job", "_next_due", "_set_terminating",
-                    "_missing_runs", "_record_skipped"):
+    for private in ("_claim", "_claim_v2", "_take_over_v2", "_finish_runs", "_abandoned_runs", "_register_instance",
+                    "_instance_heartbeat", "_instance_stop", "_mark_start", "_mark_end", "_disable_job",
+                    "_disable_job_v2", "_next_due", "_set_terminating", "_missing_runs", "_record_skipped"):
         assert private not in may, private
     for api in ("add_job", "alter_job", "delete_job", "run_job", "schedule", "unschedule", "_run_job_start"):
         assert api in may, api

@@ -1,0 +1,51 @@
+-- API 1 (release 0.1.0): what its instances call whose result API 2 changed, kept so that they
+-- go on working through a rolling upgrade until they are replaced (README, "Upgrading").
+-- Each is API 1's signature and result exactly (a running instance's prepared statements depend
+-- on both), over API 2's function. The release that stops serving API 1 deletes this file, and
+-- init then drops what it defined (pgsched/migrate.py).
+
+-- API 1's launch row: API 2's _launch_row_v2 without settings and job_state.
+SELECT pgsched._define_type('_launch_row', $$
+    run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
+    lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,
+    consecutive_crashes integer, job_name text, kind text, owner text, proc_schema name, proc_name name,
+    is_procedure boolean, command text, code_module text, code_function text, config jsonb, schedule text,
+    months integer, days integer, micros bigint, fixed_schedule boolean, initial_start timestamptz,
+    timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
+    catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
+    schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
+    db_now timestamptz$$);
+
+CREATE OR REPLACE FUNCTION pgsched._claim(instance_id bigint, worker_pids integer[], backend_pids integer[],
+                                          ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}')
+RETURNS SETOF pgsched._launch_row
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c.run_id, c.job_id, c.scope, c.attempt, c.plan_time, c.started_at, c.lease_token, c.worker_pid,
+           c.backend_pid, c.consecutive_failures, c.consecutive_crashes, c.job_name, c.kind, c.owner,
+           c.proc_schema, c.proc_name, c.is_procedure, c.command, c.code_module, c.code_function, c.config,
+           c.schedule, c.months, c.days, c.micros, c.fixed_schedule, c.initial_start, c.timezone, c.max_runtime_s,
+           c.max_retries, c.retry_period_s, c.catch_up, c.catch_up_window_s, c.max_plans_per_tick,
+           c.schedule_delay_s, c.allow_stale_reentry, c.scope_query, c.next_due, c.db_now
+      FROM pgsched._claim_v2(instance_id, worker_pids, backend_pids, ahead, code_modules) c
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._take_over(instance_id bigint, run_ids bigint[], tokens bigint[],
+                                              worker_pids integer[], backend_pids integer[])
+RETURNS SETOF pgsched._launch_row
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT c.run_id, c.job_id, c.scope, c.attempt, c.plan_time, c.started_at, c.lease_token, c.worker_pid,
+           c.backend_pid, c.consecutive_failures, c.consecutive_crashes, c.job_name, c.kind, c.owner,
+           c.proc_schema, c.proc_name, c.is_procedure, c.command, c.code_module, c.code_function, c.config,
+           c.schedule, c.months, c.days, c.micros, c.fixed_schedule, c.initial_start, c.timezone, c.max_runtime_s,
+           c.max_retries, c.retry_period_s, c.catch_up, c.catch_up_window_s, c.max_plans_per_tick,
+           c.schedule_delay_s, c.allow_stale_reentry, c.scope_query, c.next_due, c.db_now
+      FROM pgsched._take_over_v2(instance_id, run_ids, tokens, worker_pids, backend_pids) c
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._disable_job(job_id integer, reason text)
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._disable_job_v2(job_id, reason);
+$$;

@@ -1,0 +1,254 @@
+"""Upgrading instances one at a time, and what an instance does with a schema it cannot work with.
+
+The rolling upgrade is run for real: release 0.1.0 (API 1), installed from its commit into its
+own virtual environment (tests/previous_release.py), runs a job every second on three
+instances; `pgsched init` of this code runs under them; then they are replaced one at a time
+by this code's `serve`. The job must never stop for more than a few seconds, no plan may run
+twice, no instance may log an SQL error, and every run must end with its real outcome.
+
+The other tests fake a schema outside this code's API window (pgsched/api.py): on start, on a
+reconnect and while running (functions it calls dropped under it), `serve` stops with one
+message naming both versions and a non-zero exit, never a loop of SQL errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import subprocess
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgsched
+from pgsched import api
+from tests import previous_release
+from tests.acceptance.conftest import PGSCHED, Serve, ServeFactory, query, wait_for
+from tests.acceptance.test_serve import SETUP_SQL, add_job, history, stats
+
+# A run writes a row naming its plan (so a plan run twice shows), then takes a moment, so that
+# instances are stopped with runs in progress now and then.
+EFFECT_SQL = """
+CREATE TABLE public.effect (plan_time timestamptz, run_id bigint, at timestamptz DEFAULT clock_timestamp());
+CREATE PROCEDURE public.effect(job_id integer, config jsonb) LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.effect (plan_time, run_id)
+    VALUES (current_setting('pgsched.plan_time')::timestamptz, current_setting('pgsched.run_id')::bigint);
+    PERFORM pg_sleep((config->>'s')::float8);
+END $$;
+"""
+
+# The job may stop for at most this long between two runs (it runs every second).
+MAX_GAP = 3.0
+
+# A line an instance logs when SQL failed, in either release's words.
+SQL_ERROR = re.compile(r" (ERROR|CRITICAL) |database error|Traceback|psycopg\.errors", re.IGNORECASE)
+# During the rolling upgrade not even a warning is expected (a lost connection, a job behind).
+NOT_QUIET = re.compile(r" (WARNING|ERROR|CRITICAL) |database error|Traceback|psycopg\.errors", re.IGNORECASE)
+
+
+def execute(dsn: str, statement: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(statement)
+
+
+def fake_api(dsn: str, api_version: int, oldest: int, release: str, drop: tuple[str, ...] = ()) -> None:
+    """What `init` of another release would leave: its _api(), and without the functions in `drop`."""
+    with psycopg.connect(dsn, autocommit=True) as c, c.transaction():
+        c.execute(sql.SQL("CREATE OR REPLACE FUNCTION pgsched._api(OUT api_version integer, "
+                          "OUT oldest_api_served integer, OUT release text) "
+                          "LANGUAGE sql AS $$ SELECT {}, {}, {} $$").format(
+            sql.Literal(api_version), sql.Literal(oldest), sql.Literal(release)))
+        if drop:
+            c.execute("SELECT pgsched._drop_functions(%s)", (list(drop),))
+
+
+def stops_with_one_message(s: Serve, *needles: str, timeout: float = 15.0) -> str:
+    """`s` exits non-zero with one line naming the versions (needles), and no SQL error before it."""
+    code = s.wait_exit(timeout)
+    lines = s.log_lines()
+    naming = [line for line in lines if all(n in line for n in needles)]
+    assert code != 0, lines
+    assert len(naming) == 1, lines
+    assert naming[0].startswith("Error: "), lines
+    assert not [line for line in lines if line != naming[0] and SQL_ERROR.search(line)], lines
+    return naming[0]
+
+
+# -- a schema outside the window ----------------------------------------------------------------
+
+NEWER = api.API_VERSION + 1
+
+
+def test_serve_refuses_a_schema_that_no_longer_serves_its_api(db: str, serve: ServeFactory) -> None:
+    fake_api(db, NEWER, NEWER, "9.1.0")
+    s = serve(db, wait_instance=False)
+    line = stops_with_one_message(s, f"API is {NEWER} (release 9.1.0", f"pgsched {pgsched.__version__} speaks "
+                                  f"API {api.API_VERSION}", timeout=10)
+    assert "replace this instance with pgsched 9.1.0" in line
+    assert query(db, "SELECT count(*) AS n FROM pgsched.instance")[0]["n"] == 0
+
+
+def test_a_running_instance_stops_when_a_later_release_drops_its_api(db: str, serve: ServeFactory) -> None:
+    """`init` of a release two APIs ahead drops what this one calls: it stops at its next call."""
+    execute(db, SETUP_SQL)
+    job = add_job(db, "'tick', '1 second'")
+    s = serve(db)
+    wait_for(lambda: stats(db, job)["total_successes"] >= 2, 10, "two runs")
+    fake_api(db, NEWER + 1, NEWER, "9.2.0", drop=("_claim", "_heartbeat", "_next_due"))
+    t0 = time.monotonic()
+    stops_with_one_message(s, f"API is {NEWER + 1} (release 9.2.0", f"speaks API {api.API_VERSION}")
+    # Its next heartbeat (2 s) or claim (1 s) fails, and the check that follows stops it.
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_reconnecting_instance_checks_the_api_again(db: str, serve: ServeFactory) -> None:
+    s = serve(db)
+    fake_api(db, NEWER, NEWER, "9.1.0")  # nothing it calls changed: it notices when it reconnects
+    backend = query(db, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
+                    (s.instance_id,))[0]["backend_pid"]
+    query(db, "SELECT pg_terminate_backend(%s)", (backend,))
+    stops_with_one_message(s, f"API is {NEWER} (release 9.1.0", f"speaks API {api.API_VERSION}")
+    assert "lost the database connection" in s.log()
+
+
+def test_a_reconnect_that_meets_an_sql_error_tries_again(db: str, serve: ServeFactory) -> None:
+    """A schema in the middle of a change (here: _heartbeat missing while the API still serves
+    this instance) fails a reconnect's statements: the instance tries again later, it does not
+    end (with the runs it holds) over it."""
+    s = serve(db)
+    heartbeat = query(db, "SELECT 'pgsched._heartbeat'::regproc::regprocedure::text AS f")[0]["f"]
+    execute(db, f"ALTER FUNCTION {heartbeat} RENAME TO _heartbeat_away")
+    backend = query(db, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
+                    (s.instance_id,))[0]["backend_pid"]
+    query(db, "SELECT pg_terminate_backend(%s)", (backend,))
+    s.wait_log("function pgsched._heartbeat(", 10)
+    execute(db, f"ALTER FUNCTION {heartbeat.replace('_heartbeat', '_heartbeat_away', 1)} RENAME TO _heartbeat")
+    s.wait_log("reconnected to the database", 15)
+    assert s.proc.poll() is None and "Traceback" not in s.log()
+
+
+def test_serve_on_a_schema_of_release_0_1_0_says_to_run_init(empty_db: str, serve: ServeFactory) -> None:
+    previous_release.init(empty_db)
+    s = serve(empty_db, wait_instance=False)
+    line = stops_with_one_message(s, "API is 1 (release 0.1.0", f"pgsched {pgsched.__version__} speaks API 2",
+                                  timeout=10)
+    assert f"run `pgsched init` of pgsched {pgsched.__version__}" in line
+
+
+# -- the rolling upgrade ----------------------------------------------------------------------------
+
+def pgsched_init(executable: Path, dsn: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([str(executable), "init", "--dsn", dsn], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def successes(dsn: str, job: int) -> list[datetime]:
+    return [h["started_at"] for h in history(dsn, job) if h["outcome"] == "success"]
+
+
+def longest_gap(starts: list[datetime]) -> timedelta:
+    return max((b - a for a, b in itertools.pairwise(starts)), default=timedelta(0))
+
+
+@pytest.mark.slow
+def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) -> None:
+    dsn = empty_db
+    old = previous_release.venv() / "bin" / "pgsched"
+    pgsched_init(old, dsn, previous_release.old_env())
+    execute(dsn, EFFECT_SQL)
+    execute(dsn, SETUP_SQL)
+    args = ("--max-workers", "3", "--shutdown-timeout", "10")
+    olds = [serve(dsn, *args, executable=old, env=previous_release.ENV_CHANGES) for _ in range(3)]
+    # First plans after the instances are ready: a first run started late would make the next
+    # slot come due while it runs, and skip it, before any upgrade.
+    first = "initial_start => now() + interval '2 s'"
+    job = add_job(dsn, f"'effect', '1 second', config => '{{\"s\": 0.3}}', {first}")
+    # More work, so that every instance claims often: psycopg prepares a statement on its fifth
+    # execution, and a prepared `SELECT * FROM pgsched._claim(...)` is what fails, at every claim,
+    # if the new SQL changed the shape of its result ("cached plan must not change result type").
+    ticks = [add_job(dsn, f"'tick', '1 second', {first}") for _ in range(6)]
+    wait_for(lambda: all(stats(dsn, j)["total_successes"] >= 10 for j in [job, *ticks]), 30,
+             "ten runs of each job on release 0.1.0")
+
+    t0 = time.monotonic()
+    out = pgsched_init(PGSCHED, dsn)
+    init_seconds = time.monotonic() - t0
+    assert "applied" not in out  # no migration (0.1.0's instances would refuse it on reconnect)
+    assert f"internal API 2 (release {pgsched.__version__}); instances of API 1 to 2 may run on it" in out
+    upgraded_at = query(dsn, "SELECT clock_timestamp() AS t")[0]["t"]
+    time.sleep(4)  # three instances of 0.1.0 on the new schema
+
+    news: list[Serve] = []
+    for s in olds:  # one at a time
+        s.signal(signal.SIGTERM)
+        assert s.wait_exit(20) == 0, s.log()
+        news.append(serve(dsn, *args))
+        time.sleep(3)
+    time.sleep(2)
+    for s in news:
+        s.signal(signal.SIGTERM)
+    for s in news:
+        assert s.wait_exit(20) == 0, s.log()
+
+    runs = history(dsn, job)
+    # Every run closed with its real outcome: no crash, no run left open, nothing skipped or missed.
+    assert Counter(r["outcome"] for r in runs).keys() == {"success"}, Counter(r["outcome"] for r in runs)
+    st = stats(dsn, job)
+    assert (st["total_crashes"], st["total_failures"], st["total_missed"], st["total_skipped"]) == (0, 0, 0, 0)
+    assert st["total_successes"] == len(runs)
+    # No plan ran twice: one run and one side effect per plan.
+    plans = Counter(r["plan_time"] for r in runs)
+    effects = Counter(r["plan_time"] for r in query(dsn, "SELECT plan_time FROM public.effect"))
+    assert max(plans.values()) == 1 and effects == plans
+    # The job never stopped for long: not at init, not while instances were replaced.
+    starts = [r["started_at"] for r in runs]
+    gap = longest_gap(starts)
+    print(f"rolling upgrade: {len(runs)} runs, longest gap between two starts {gap.total_seconds():.3f} s, "
+          f"init took {init_seconds:.2f} s")
+    assert gap <= timedelta(seconds=MAX_GAP), gap
+    # Both releases ran it after the new init: the old instances kept working on the new schema.
+    by_version = {r["instance_id"]: r["version"]
+                  for r in query(dsn, "SELECT instance_id, version FROM pgsched.instances")}
+    after = Counter(by_version[r["instance_id"]] for r in runs if r["started_at"] > upgraded_at)
+    assert after[previous_release.RELEASE] >= 3 and after[pgsched.__version__] >= 3, after
+    assert sorted(by_version.values()) == [previous_release.RELEASE] * 3 + [pgsched.__version__] * 3
+    # The other jobs too: every run closed, every one a success.
+    closed = Counter(r["outcome"] for j in ticks for r in history(dsn, j))
+    assert closed.keys() == {"success"} and closed["success"] > 100, closed
+    # No instance of either release logged an SQL error, nor any warning.
+    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)] for s in [*olds, *news]}
+    assert not any(errors.values()), errors
+
+
+@pytest.mark.slow
+def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: ServeFactory) -> None:
+    """The rolling upgrade's init, repeated under load: one init meets the instances' statements
+    only now and then, thirty of them nearly always do (before init replaced functions in place
+    and gave way to running statements, this logged about one SQL error per three inits)."""
+    execute(db, SETUP_SQL)
+    jobs = [add_job(db, "'tick', '1 second', initial_start => now() + interval '3 s'") for _ in range(20)]
+    old = previous_release.venv() / "bin" / "pgsched"
+    instances = [serve(db, "--max-workers", "4", executable=old, env=previous_release.ENV_CHANGES)
+                 for _ in range(3)]
+    time.sleep(2)
+    for _ in range(30):
+        execute(db, "UPDATE pgsched.api_state SET checksum = 'another release'")  # so that init re-applies
+        assert "schema version" in pgsched_init(PGSCHED, db)
+        time.sleep(0.3)
+    time.sleep(1.5)
+    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)] for s in instances}
+    assert not any(errors.values()), errors
+    assert all(s.proc.poll() is None for s in instances)
+    # (A run in progress counts as a crash until it ends: read the closed runs' outcomes.)
+    outcomes = query(db, "SELECT outcome, count(*) AS n FROM pgsched.job_run WHERE outcome <> 'running' GROUP BY 1")
+    assert {r["outcome"] for r in outcomes} == {"success"}, outcomes
+    assert sum(stats(db, j)["total_successes"] for j in jobs) > 100

@@ -1,0 +1,107 @@
+"""The compatibility rule (pgsched/api.py) checked against the previous release itself.
+
+Release 0.1.0 (API 1, reached through git: tests/previous_release.py) installs its schema;
+the internal functions its Python calls are read from its source and their definitions
+from its schema; then `init` of this code runs over it, as in a rolling upgrade. Each call
+of the previous release must still resolve, to exactly one function, with the same leading
+argument types (new ones only trailing, with defaults) and exactly the same result (a
+running instance's prepared `SELECT *` fails if the result's shape changes: "cached plan must
+not change result type", at every claim in release 0.1.0's pipelined claim).
+
+This is the static half; tests/acceptance/test_rolling_upgrade.py runs the old instances.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from pgsched import api, migrate
+from tests import previous_release
+from tests.integration.helpers import Conn, rows
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    args: tuple[str, ...]
+    defaults: int  # how many trailing arguments may be left out
+    result: str  # pg_get_function_result (TABLE(...), SETOF a type, a type), and a row type's columns
+
+    @property
+    def required(self) -> int:
+        return len(self.args) - self.defaults
+
+    def serves(self, old: Signature) -> bool:
+        """Every call `old` accepted (positional, as the scheduler calls) reaches this with the same result."""
+        return (self.name == old.name and self.args[:len(old.args)] == old.args and self.required <= old.required
+                and self.result == old.result)
+
+
+def signatures(conn: Conn, names: set[str]) -> list[Signature]:
+    # A function returning a composite type (SETOF pgsched._launch_row) shows only the type's
+    # name: its columns are the result's shape too.
+    return [Signature(r["proname"], tuple(r["args"]), r["pronargdefaults"], r["result"]) for r in rows(
+        conn, """SELECT p.proname, p.proargtypes::oid[]::regtype[]::text[] AS args, p.pronargdefaults,
+                        pg_get_function_result(p.oid) || coalesce(' (' || (
+                            SELECT string_agg(format('%%I %%s', a.attname, format_type(a.atttypid, a.atttypmod)),
+                                              ', ' ORDER BY a.attnum)
+                              FROM pg_attribute a
+                             WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) || ')', '')
+                            AS result
+                   FROM pg_proc p JOIN pg_type t ON t.oid = p.prorettype
+                  WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname = ANY (%s)
+                  ORDER BY 1, 2""", (sorted(names),))]
+
+
+def called_by_previous_release() -> set[str]:
+    """The internal functions the previous release's Python calls (its side of the contract)."""
+    found: set[str] = set()
+    for path in (previous_release.source() / "pgsched").glob("*.py"):
+        found |= set(re.findall(r"pgsched\.(_[a-z0-9_]+)\(", path.read_text()))
+    return found
+
+
+@pytest.fixture
+def old_schema(empty_db: str) -> Iterator[Conn]:
+    """A database with the previous release's schema, as its own `pgsched init` left it."""
+    previous_release.init(empty_db)
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        yield c
+
+
+def test_this_release_serves_the_previous_ones_calls(old_schema: Conn) -> None:
+    assert api.API_VERSION == previous_release.API + 1
+    calls = called_by_previous_release()
+    # What the scheduler of 0.1.0 lives on: if this list came out empty or short, the scan is broken.
+    assert {"_claim", "_heartbeat", "_abandoned_runs", "_finish_runs", "_register_instance", "_next_due",
+            "_take_over", "_catch_up", "_deploy_code_jobs", "_renew_lease", "_mark_start", "_mark_end"} <= calls
+    old = signatures(old_schema, calls)
+    assert {s.name for s in old} == calls  # each exists in its own schema
+    result = migrate.init(old_schema)
+    assert result.applied == []  # no migration: 0.1.0's instances refuse a count not their own
+    assert result.api is not None and result.api.serves(previous_release.API)
+    new = signatures(old_schema, calls)
+    problems = []
+    for o in old:
+        serving = [n for n in new if n.name == o.name and n.args[:len(o.args)] == o.args
+                   and n.required <= o.required]
+        if len(serving) != 1:
+            problems.append(f"{o}: {len(serving)} functions accept its calls ({serving})")
+        elif not serving[0].serves(o):
+            problems.append(f"{o}: now {serving[0]}")
+    assert not problems, "\n".join(problems)
+    assert migrate.check_version(old_schema) == migrate.code_version()
+
+
+def test_no_migration_while_the_api_of_release_0_1_0_is_served(conn: Conn) -> None:
+    """Release 0.1.0's instances refuse, on reconnect, a schema whose migrations are not exactly theirs."""
+    oldest = rows(conn, "SELECT oldest_api_served FROM pgsched._api()")[0]["oldest_api_served"]
+    if oldest > previous_release.API:
+        pytest.skip(f"API {previous_release.API} is no longer served")
+    theirs = sorted(p.name for p in (previous_release.source() / "sql" / "migrations").glob("*.sql"))
+    assert [f"{m.version:04d}_{m.name}.sql" for m in migrate.migrations()] == theirs
