@@ -172,6 +172,10 @@ class Store:
         # The loop is single-threaded: a catalog row someone keeps locked in an open transaction
         # must cost it one failed statement, retried next round, not a freeze.
         self.conn.execute("SET lock_timeout = '1s'")
+        # Every statement here is small OLTP work, but a join of set-returning functions is
+        # estimated at their default 1,000 rows each, which crosses jit_above_cost: compiling
+        # the heartbeat took 60 ms of a 65 ms statement and held up the claims behind it.
+        self.conn.execute("SET jit = off")
         # The launch row's settings carry intervals as text: one style, the one JobSettings reads.
         self.conn.execute("SET IntervalStyle = 'postgres'")
         # A notification that arrives while one of our statements runs is taken off

@@ -237,7 +237,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgsched._next_due(code_modules text[] DEFAULT '{}', now timestamptz DEFAULT now())
 RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
     -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
     SELECT least((SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
@@ -389,7 +389,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._heartbeat(instance_id bigint, max_workers integer, held bigint[],
                                               tokens bigint[], now timestamptz DEFAULT now())
 RETURNS TABLE (lost bigint[], db_now timestamptz)
-LANGUAGE plpgsql
+LANGUAGE plpgsql ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     beat timestamptz := pgsched._instance_heartbeat(_heartbeat.instance_id, _heartbeat.max_workers, _heartbeat.now);
