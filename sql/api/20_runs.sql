@@ -34,7 +34,9 @@ BEGIN
     -- A run in progress: its job is starting or terminating, or, paused and run by hand
     -- (see below), disabled with its current run still open.
     IF st.state IN ('starting', 'terminating')
-       OR EXISTS (SELECT 1 FROM pgsched.job_run r WHERE r.run_id = st.current_run_id AND r.outcome = 'running') THEN
+       OR (st.state = 'disabled' AND st.current_run_id IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pgsched.job_run r
+                        WHERE r.run_id = st.current_run_id AND r.outcome = 'running')) THEN
         RAISE EXCEPTION USING ERRCODE = '55006',
             MESSAGE = format('job %s is already running (run %s)', _mark_start.job_id, st.current_run_id),
             HINT = 'wait for the run to end (see pgsched.job_stats), then try again';

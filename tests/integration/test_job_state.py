@@ -277,3 +277,14 @@ def test_closing_runs_is_the_schedulers_and_the_state_table_everyones(api_tx: Co
                             'pgsched._state_allowed(text, text)']) f""")}
     assert may == {"pgsched._close_runs(jsonb)": False, "pgsched._finish_runs(jsonb)": False,
                    "pgsched._state_allowed(text, text)": True}
+
+
+def test_the_moves_the_trigger_lets_through_unchecked_are_in_the_table(api_tx: Conn) -> None:
+    """The state trigger skips the two moves of every run for speed: each must be allowed by _state_allowed."""
+    import re
+
+    when = str(scalar(api_tx, "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'job_stat_state_update'"))
+    skipped = re.findall(r"old\.state = '(\w+)'::text\) AND \(new\.state = '(\w+)'::text", when)
+    assert sorted(skipped) == [("scheduled", "starting"), ("starting", "scheduled")], when
+    for old, new in skipped:
+        assert scalar(api_tx, "SELECT pgsched._state_allowed(%s, %s)", (old, new)) is True
