@@ -11,7 +11,7 @@ SQL side is checked against them by tests/integration/test_protocol.py).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 # Messages and stored text stay small: history rows are read by people.
@@ -88,6 +88,9 @@ class Failed:
 Event = Ready | Backend | Done | Lost | Failed
 _KINDS: dict[str, type[Ready] | type[Backend] | type[Done] | type[Lost] | type[Failed]] = {
     c.KIND: c for c in (Ready, Backend, Done, Lost, Failed)}
+# Each kind's field names, read once: an event is written and read on every run (asdict would
+# also deep-copy the result).
+_FIELDS = {c: tuple(f.name for f in fields(c)) for c in _KINDS.values()}
 
 
 class ProtocolError(ValueError):
@@ -95,7 +98,7 @@ class ProtocolError(ValueError):
 
 
 def encode(event: Event) -> str:
-    return json.dumps({"event": event.KIND, **asdict(event)})
+    return json.dumps({"event": event.KIND, **{name: getattr(event, name) for name in _FIELDS[type(event)]}})
 
 
 def decode(line: bytes | str) -> Event:
@@ -108,7 +111,7 @@ def decode(line: bytes | str) -> Event:
     cls = _KINDS.get(str(obj.pop("event", "")))
     if cls is None:
         raise ProtocolError(f"unknown event kind in {line[:200]!r}")
-    known = {f.name for f in fields(cls)}
+    known = _FIELDS[cls]
     try:
         return cls(**{k: v for k, v in obj.items() if k in known})
     except TypeError as e:

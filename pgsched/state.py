@@ -57,9 +57,9 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.DISABLED: frozenset({JobState.SCHEDULED}),
 }
 
-# A run starting and ending: in the run start/end log lines already.
-_ROUTINE = {(JobState.SCHEDULED, JobState.STARTING), (JobState.STARTING, JobState.SCHEDULED),
-            (None, JobState.STARTING)}
+# A run starting and ending: in the run start/end log lines already (compared as the strings
+# the database reports, so that the hot path builds nothing when debug logging is off).
+_ROUTINE = {("scheduled", "starting"), ("starting", "scheduled"), (None, "starting")}
 
 
 class AbandonedCause(StrEnum):
@@ -85,8 +85,10 @@ def log_change(job_id: int, before: str | None, after: str | None, why: str) -> 
     """
     if after is None or before == after:
         return
+    level = logging.DEBUG if (before, after) in _ROUTINE else logging.INFO
+    if not log.isEnabledFor(level):
+        return
     old, new = (None if before is None else JobState(before)), JobState(after)
-    level = logging.DEBUG if (old, new) in _ROUTINE else logging.INFO
     if old is None:
         log.log(level, "job %s: now %s (%s)", job_id, new, why)
     else:

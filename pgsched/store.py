@@ -387,10 +387,6 @@ class Store:
             return []
         return _closes(finishes, self._close_cursor(finishes).fetchall())
 
-    def finish(self, finishes: Sequence[Finish]) -> list[bool]:
-        """Close runs like `close_runs`; per run, whether it was still open."""
-        return [c is not None for c in self.close_runs(finishes)]
-
     def _close_cursor(self, finishes: Sequence[Finish]) -> psycopg.Cursor[dict[str, Any]]:
         payload = [{
             "run_id": f.run_id, "outcome": str(f.outcome), "sqlstate": _text(f.sqlstate), "message": _text(f.message),

@@ -28,14 +28,14 @@ def test_a_result_or_message_jsonb_refuses_is_cleaned_not_left_to_block_the_batc
     store = Store(db, DbClock())
     try:
         now = datetime.now(UTC)
-        closed = store.finish([
+        closed = [c is not None for c in store.close_runs([
             Finish(run_id=ids[0], outcome="success", sqlstate=None, message=None, next_start=None, finished_at=now,
                    result={"ratio": float("nan"), "ok": 1}),
             Finish(run_id=ids[1], outcome="failure", sqlstate="XX000", message="bad\x00byte", next_start=None,
                    finished_at=now, result=None),
             Finish(run_id=ids[2], outcome="success", sqlstate=None, message=None, next_start=None, finished_at=now,
                    result={"k\x00ey": ["v\x00", 2]}),
-        ])
+        ])]
     finally:
         store.close()
     assert closed == [True, True, True]
