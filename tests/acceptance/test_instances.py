@@ -218,11 +218,13 @@ def test_kill_9_of_the_holder_fails_over_to_the_survivor(jobs_db: str, serve: Se
 
     alive = alive_by_instance(dsn)
     assert alive == {victim.instance_id: False, survivor.instance_id: True}, alive
-    view = query(dsn, "SELECT * FROM pgsched.instances WHERE instance_id = %s", (survivor.instance_id,))[0]
+    # The view and the count in one statement (one snapshot): a tick may start between two queries.
+    view = query(dsn, "SELECT v.*, (SELECT count(*) FROM pgsched.job_run r WHERE r.instance_id = v.instance_id "
+                      "AND r.outcome = 'running') AS running_rows "
+                      "FROM pgsched.instances v WHERE v.instance_id = %s", (survivor.instance_id,))[0]
     assert (view["host"], view["pid"], view["version"]) == (socket.gethostname(), survivor.pid, __version__)
     assert view["started_at"] <= view["heartbeat_at"] and view["stopped_at"] is None
-    assert view["runs_in_progress"] == len(query(dsn, "SELECT 1 FROM pgsched.job_run WHERE instance_id = %s "
-                                                      "AND outcome = 'running'", (survivor.instance_id,)))
+    assert view["runs_in_progress"] == view["running_rows"]
     assert survivor.proc.poll() is None
     # The ticker never crashed: only the long run was in progress on the victim.
     tick_runs = [h for h in history(dsn, ticker) if h["outcome"] != "skipped"]
