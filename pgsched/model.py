@@ -8,7 +8,6 @@ tests/integration/test_settings_contract.py checks against the database.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,42 +39,25 @@ class JobSettings:
     scope_query: str | None = None
 
     @classmethod
-    def from_catalog(cls, row: dict[str, Any]) -> JobSettings:
-        """The settings in a job row read as jsonb (the launch row's `settings`), each by its field's type.
+    def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:
+        """The settings in a claim's launch row (pgsched._launch_row_v2): each by its own name, an
+        interval setting in seconds as `<name>_s` (extract(epoch ...), as SQL reads it).
 
-        A field missing from the row raises KeyError: the catalog and this class disagree.
+        A setting missing from the row raises KeyError: the launch row and this class disagree.
         """
-        return cls(**{f.name: _READERS[str(f.type)](row[f.name]) for f in fields(cls)})
+        return cls(**{name: read(row[column]) for name, column, read in _LAUNCH_COLUMNS})
 
 
-# PostgreSQL's interval output in IntervalStyle 'postgres' (the store pins it): '1 year 2 mons
-# -3 days +04:05:06.5'. Read as extract(epoch FROM interval) reads it: a year is 365.25 days,
-# a month 30, a day 24 hours.
-_INTERVAL_UNIT = re.compile(r"(-?\d+) (year|mon|day)s?")
-_INTERVAL_CLOCK = re.compile(r"([+-]?)(\d+):(\d{2}):(\d{2}(?:\.\d+)?)")
-_UNIT_DAYS = {"year": 365.25, "mon": 30.0, "day": 1.0}
-
-
-def _interval(text: str) -> timedelta:
-    days = sum(int(n) * _UNIT_DAYS[unit] for n, unit in _INTERVAL_UNIT.findall(text))
-    clock = _INTERVAL_CLOCK.search(text)
-    secs = 0.0
-    if clock:
-        sign, h, m, sec = clock.groups()
-        secs = (-1 if sign == "-" else 1) * (int(h) * 3600 + int(m) * 60 + float(sec))
-    return timedelta(days=days, seconds=secs)
-
-
-def _timestamp(value: str | None) -> datetime | None:
-    # +/-infinity (possible only by writing the catalog by hand) reads as no time, as the claim's columns do.
-    return None if value is None or value.endswith("infinity") else datetime.fromisoformat(value)
-
-
-_READERS: dict[str, Any] = {
-    "str": str, "str | None": lambda v: v, "bool": bool, "int": int, "Any": lambda v: v,
-    "datetime | None": _timestamp,
-    "timedelta": _interval, "timedelta | None": lambda v: None if v is None else _interval(v),
+# How each setting is read from the launch row: typed columns as they come, an interval from its
+# seconds. Worked out once: it runs for every claimed run.
+_SECONDS: dict[str, Any] = {
+    "timedelta": lambda v: timedelta(seconds=v),
+    "timedelta | None": lambda v: None if v is None else timedelta(seconds=v),
 }
+_LAUNCH_COLUMNS: list[tuple[str, str, Any]] = [
+    (f.name, f"{f.name}_s", _SECONDS[str(f.type)]) if str(f.type) in _SECONDS else (f.name, f.name, lambda v: v)
+    for f in fields(JobSettings)
+]
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,6 @@ class Store:
         # estimated at their default 1,000 rows each, which crosses jit_above_cost: compiling
         # the heartbeat took 60 ms of a 65 ms statement and held up the claims behind it.
         self.conn.execute("SET jit = off")
-        # The launch row's settings carry intervals as text: one style, the one JobSettings reads.
-        self.conn.execute("SET IntervalStyle = 'postgres'")
         # A notification that arrives while one of our statements runs is taken off
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
@@ -427,8 +425,8 @@ class Store:
 
 
 def _job_from_row(row: dict[str, Any]) -> Job:
-    """A launch row's job: its settings read by name from its `settings` (pgsched.model.JobSettings)."""
-    s = JobSettings.from_catalog(row["settings"])
+    """A launch row's job, its settings read by name (pgsched.model.JobSettings.from_launch_row)."""
+    s = JobSettings.from_launch_row(row)
     return Job(
         job_id=row["job_id"], job_name=row["job_name"], kind=row["kind"], owner=row["owner"],
         proc_schema=row["proc_schema"], proc_name=row["proc_name"], is_procedure=row["is_procedure"],

@@ -69,10 +69,12 @@ $$;
 -- plan_time = _delayed(next_start, -delay)). The scheduler adds it the same way in
 -- pgsched/state.py (_delayed). No SET clause, unlike the other functions here, so that PostgreSQL
 -- inlines it into the claim's query (a pinned search_path would make it a call per row);
--- every name in it is qualified.
+-- every name in it is qualified. STABLE, not IMMUTABLE: timestamptz + interval is STABLE, and
+-- PostgreSQL does not inline a function declared stricter than its body; each call then ran
+-- the SQL-function executor (1 us in a query, 12 us in PL/pgSQL: 8 % of the claim and close).
 SELECT pgsched._drop_functions(ARRAY['_as_elapsed']);  -- _delayed's forerunner
 CREATE OR REPLACE FUNCTION pgsched._delayed(t timestamptz, delay interval)
-RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT t + pg_catalog.make_interval(secs => extract(epoch FROM delay))
 $$;
 

@@ -10,6 +10,7 @@
 
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
+    '_end_run',
     '_mark_end',
     '_mark_start',
     '_run_job_end',
@@ -59,10 +60,10 @@ BEGIN
 END
 $$;
 
--- Close a run. Returns false when the run was already closed (by a scheduler
--- that found it crashed, or because the job was deleted), or when lease_token is
--- given and the run no longer carries it (another scheduler took it over): then
--- nothing changes, so an outcome is never recorded twice. The check is made under
+-- Close a run; returns its job's state after the close. Returns NULL when the run was
+-- already closed (by a scheduler that found it crashed, or because the job was deleted),
+-- or when lease_token is given and the run no longer carries it (another scheduler took
+-- it over): then nothing changes, so an outcome is never recorded twice. The check is made under
 -- the run's row lock, which the close keeps until it commits.
 -- outcome: success | failure | timeout | crash | cancelled.
 -- next_start NULL keeps the stored next_start (manual runs do not move the schedule).
@@ -70,21 +71,21 @@ $$;
 -- given or the job was paused meanwhile, else scheduled. This is the only place a run
 -- ends; counters = false closes it without touching the job's counters and times,
 -- for _finish_runs' fallback when they cannot be updated (absurd values written by hand).
-CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
-                                             next_start timestamptz,
-                                             finished_at timestamptz DEFAULT clock_timestamp(),
-                                             disable_reason text DEFAULT NULL,
-                                             rows_affected bigint DEFAULT NULL,
-                                             result jsonb DEFAULT NULL,
-                                             lease_token bigint DEFAULT NULL,
-                                             counters boolean DEFAULT true)
-RETURNS boolean LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION pgsched._end_run(run_id bigint, outcome text, sqlstate text, message text,
+                                            next_start timestamptz,
+                                            finished_at timestamptz DEFAULT clock_timestamp(),
+                                            disable_reason text DEFAULT NULL,
+                                            rows_affected bigint DEFAULT NULL,
+                                            result jsonb DEFAULT NULL,
+                                            lease_token bigint DEFAULT NULL,
+                                            counters boolean DEFAULT true)
+RETURNS text LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pgsched.job_run;
-    ok boolean := _mark_end.outcome = 'success';
-    failed boolean := _mark_end.outcome IN ('failure', 'timeout');
-    crashed boolean := _mark_end.outcome = 'crash';
+    ok boolean := _end_run.outcome = 'success';
+    failed boolean := _end_run.outcome IN ('failure', 'timeout');
+    crashed boolean := _end_run.outcome = 'crash';
     fin timestamptz;
     new_state text;
 BEGIN
@@ -92,38 +93,38 @@ BEGIN
         PERFORM pgsched._bad_arg('outcome', quote_literal(outcome),
                                  'one of success, failure, timeout, crash, cancelled');
     END IF;
-    SELECT * INTO r FROM pgsched.job_run jr WHERE jr.run_id = _mark_end.run_id FOR UPDATE;
+    SELECT * INTO r FROM pgsched.job_run jr WHERE jr.run_id = _end_run.run_id FOR UPDATE;
     IF NOT FOUND OR r.outcome <> 'running'
-       OR (_mark_end.lease_token IS NOT NULL AND r.lease_token IS DISTINCT FROM _mark_end.lease_token) THEN
-        RETURN false;
+       OR (_end_run.lease_token IS NOT NULL AND r.lease_token IS DISTINCT FROM _end_run.lease_token) THEN
+        RETURN NULL;
     END IF;
     -- One clock stamps a run; never let a finish precede its start.
-    fin := greatest(_mark_end.finished_at, r.started_at);
+    fin := greatest(_end_run.finished_at, r.started_at);
     UPDATE pgsched.job_run jr
-       SET finished_at = fin, outcome = _mark_end.outcome, sqlstate = _mark_end.sqlstate,
-           message = _mark_end.message, rows_affected = _mark_end.rows_affected, result = _mark_end.result
-     WHERE jr.run_id = _mark_end.run_id;
-    IF r.scope <> '' THEN
+       SET finished_at = fin, outcome = _end_run.outcome, sqlstate = _end_run.sqlstate,
+           message = _end_run.message, rows_affected = _end_run.rows_affected, result = _end_run.result
+     WHERE jr.run_id = _end_run.run_id;
+    -- The job's state after comes back from the statement that writes it (RETURNING): every
+    -- statement more here runs once per run.
+    IF r.scope <> '' AND counters THEN
         -- A scope run counts in the totals; the job's state and next start belong to its plan run.
-        IF counters THEN
-            UPDATE pgsched.job_stat s
-               SET last_finish = greatest(s.last_finish, fin),
-                   last_successful_finish = CASE WHEN ok THEN greatest(s.last_successful_finish, fin)
-                                                 ELSE s.last_successful_finish END,
-                   total_successes = s.total_successes + ok::int,
-                   total_failures = s.total_failures + failed::int,
-                   total_crashes = s.total_crashes - (NOT crashed)::int
-             WHERE s.job_id = r.job_id;
-        END IF;
-        RETURN true;
-    END IF;
-    new_state := CASE WHEN _mark_end.disable_reason IS NOT NULL
-                           OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
-                      THEN 'disabled' ELSE 'scheduled' END;
-    IF counters THEN
         UPDATE pgsched.job_stat s
-           SET state = new_state,
-               disabled_reason = coalesce(_mark_end.disable_reason, s.disabled_reason),
+           SET last_finish = greatest(s.last_finish, fin),
+               last_successful_finish = CASE WHEN ok THEN greatest(s.last_successful_finish, fin)
+                                             ELSE s.last_successful_finish END,
+               total_successes = s.total_successes + ok::int,
+               total_failures = s.total_failures + failed::int,
+               total_crashes = s.total_crashes - (NOT crashed)::int
+         WHERE s.job_id = r.job_id
+        RETURNING s.state INTO new_state;
+    ELSIF r.scope <> '' THEN
+        SELECT s.state INTO new_state FROM pgsched.job_stat s WHERE s.job_id = r.job_id;
+    ELSIF counters THEN
+        UPDATE pgsched.job_stat s
+           SET state = CASE WHEN _end_run.disable_reason IS NOT NULL
+                                 OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
+                            THEN 'disabled' ELSE 'scheduled' END,
+               disabled_reason = coalesce(_end_run.disable_reason, s.disabled_reason),
                current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END,
                last_finish = fin,
                last_run_success = ok,
@@ -135,20 +136,40 @@ BEGIN
                consecutive_crashes = CASE WHEN crashed THEN s.consecutive_crashes ELSE 0 END,
                consecutive_failures = CASE WHEN ok THEN 0 WHEN failed THEN s.consecutive_failures + 1
                                            ELSE s.consecutive_failures END,
-               next_start = coalesce(_mark_end.next_start, s.next_start)
-         WHERE s.job_id = r.job_id;
+               next_start = coalesce(_end_run.next_start, s.next_start)
+         WHERE s.job_id = r.job_id
+        RETURNING s.state INTO new_state;
     ELSE
         UPDATE pgsched.job_stat s
-           SET state = new_state,
-               disabled_reason = coalesce(_mark_end.disable_reason, s.disabled_reason),
+           SET state = CASE WHEN _end_run.disable_reason IS NOT NULL
+                                 OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
+                            THEN 'disabled' ELSE 'scheduled' END,
+               disabled_reason = coalesce(_end_run.disable_reason, s.disabled_reason),
                current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END
-         WHERE s.job_id = r.job_id;
+         WHERE s.job_id = r.job_id
+        RETURNING s.state INTO new_state;
     END IF;
-    IF _mark_end.disable_reason IS NOT NULL THEN
+    IF _end_run.disable_reason IS NOT NULL AND r.scope = '' THEN
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = r.job_id;
     END IF;
-    RETURN true;
+    -- '' only if the job has no job_stat row, which its trigger rules out: the run is closed all the same.
+    RETURN coalesce(new_state, '');
 END
+$$;
+
+-- _end_run as release 0.1.0's callers and run_job read it: whether the run was closed.
+CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
+                                             next_start timestamptz,
+                                             finished_at timestamptz DEFAULT clock_timestamp(),
+                                             disable_reason text DEFAULT NULL,
+                                             rows_affected bigint DEFAULT NULL,
+                                             result jsonb DEFAULT NULL,
+                                             lease_token bigint DEFAULT NULL,
+                                             counters boolean DEFAULT true)
+RETURNS boolean LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._end_run(run_id, outcome, sqlstate, message, next_start, finished_at, disable_reason,
+                            rows_affected, result, lease_token, counters) IS NOT NULL
 $$;
 
 -- run_job's two marks. The caller may not write job_stat and job_run itself

@@ -4,7 +4,7 @@
 -- on both), over API 2's function. The release that stops serving API 1 deletes this file, and
 -- init then drops what it defined (pgsched/migrate.py).
 
--- API 1's launch row: API 2's _launch_row_v2 without settings and job_state.
+-- API 1's launch row: API 2's _launch_row_v2 without scheduled and job_state.
 SELECT pgsched._define_type('_launch_row', $$
     run_id bigint, job_id integer, scope text, attempt integer, plan_time timestamptz, started_at timestamptz,
     lease_token bigint, worker_pid integer, backend_pid integer, consecutive_failures integer,

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgsched import app, model, schedule
@@ -163,12 +164,34 @@ def test_a_setting_name_that_is_not_one_is_refused(conn: Conn) -> None:
                                      "code_module": "m", "code_function": "f"}])))
 
 
+def launch_columns(conn: Conn, settings: str) -> sql.Composable:
+    """`settings` (an expression of type pgsched.job_settings) as the launch row carries them:
+    each by its name, an interval as <name>_s seconds. Built from the SQL definition."""
+    return sql.SQL(", ").join(
+        sql.SQL("extract(epoch FROM ({s}).{n})::float8 AS {c}").format(
+            s=sql.SQL(settings), n=sql.Identifier(name), c=sql.Identifier(f"{name}_s"))
+        if typ == "interval" else
+        sql.SQL("({s}).{n}").format(s=sql.SQL(settings), n=sql.Identifier(name))
+        for name, typ in definition(conn))
+
+
+def test_the_claims_launch_row_has_every_setting(conn: Conn) -> None:
+    columns = {r["name"]: r["type"] for r in rows(
+        conn, """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type
+                   FROM pg_attribute a
+                  WHERE a.attrelid = 'pgsched._launch_row_v2'::regclass AND a.attnum > 0 AND NOT a.attisdropped""")}
+    for name, typ in definition(conn):
+        if typ == "interval":
+            assert columns.get(f"{name}_s") == "double precision", name
+        else:
+            assert columns.get(name) == typ, name
+
+
 def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
-    api.execute("SET IntervalStyle = 'postgres'")  # as the scheduler's store does
     api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(
         sample_args()))
-    launch = scalar(api, "SELECT settings FROM pgsched._job_launch WHERE job_name = 'sample'")
-    got = model.JobSettings.from_catalog(launch)
+    launch = dict(rows(api, "SELECT * FROM pgsched._job_launch WHERE job_name = 'sample'")[0])
+    got = model.JobSettings.from_launch_row(launch)
     assert got == model.JobSettings(
         schedule="7 minutes", fixed_schedule=False, initial_start=datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
         timezone="Europe/Berlin", config={"k": [1, None]}, scheduled=False, job_name="sample",
@@ -178,15 +201,15 @@ def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
-    ("00:05:00", 300), ("1 day", 86400), ("-1 days +02:00:00", -79200), ("1 mon", 30 * 86400),
+    ("00:05:00", 300), ("1 day", 86400), ("1 day -02:00:00", 79200), ("1 mon", 30 * 86400),
     ("1 year 2 mons 3 days 04:05:06.5", 365.25 * 86400 + 60 * 86400 + 3 * 86400 + 4 * 3600 + 5 * 60 + 6.5),
-    ("-00:00:01.25", -1.25),
+    ("00:00:01.25", 1.25),
 ])
-def test_python_reads_intervals_as_extract_epoch_does(conn: Conn, text: str, seconds: float) -> None:
-    conn.execute("SET IntervalStyle = 'postgres'")
-    assert scalar(conn, "SELECT %s::interval::text", (text,)) == text
-    assert float(scalar(conn, "SELECT extract(epoch FROM %s::interval)", (text,))) == seconds
-    assert model.JobSettings.from_catalog({**SAMPLE, "max_runtime": text}).max_runtime == timedelta(seconds=seconds)
+def test_python_reads_intervals_as_extract_epoch_does(api: Conn, text: str, seconds: float) -> None:
+    api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(sample_args()))
+    api.execute("UPDATE pgsched.job SET max_runtime = %s::interval WHERE job_name = 'sample'", (text,))
+    launch = dict(rows(api, "SELECT * FROM pgsched._job_launch WHERE job_name = 'sample'")[0])
+    assert model.JobSettings.from_launch_row(launch).max_runtime == timedelta(seconds=seconds)
 
 
 def test_python_job_settings_match_the_sql_definition(conn: Conn) -> None:
@@ -195,8 +218,12 @@ def test_python_job_settings_match_the_sql_definition(conn: Conn) -> None:
     assert [f.name for f in fields] == [name for name, _ in definition(conn)]
     for name, typ in definition(conn):
         assert PY_TYPES[typ] in (hints[name], *typing.get_args(hints[name])), name
-    dflt = defaults(conn)
-    from_sql = model.JobSettings.from_catalog({**dflt, "schedule": "x"})
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql.SQL("SELECT {} FROM (SELECT pgsched._settings_defaults() AS d) x").format(
+            launch_columns(conn, "x.d")))
+        dflt = cur.fetchone()
+    assert dflt is not None
+    from_sql = model.JobSettings.from_launch_row({**dflt, "schedule": "x"})
     assert from_sql == model.JobSettings(schedule="x"), "JobSettings' defaults differ from _settings_defaults()"
 
 
