@@ -11,6 +11,7 @@
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_end_run',
+    '_end_runs',
     '_mark_end',
     '_mark_start',
     '_run_job_end',
@@ -60,104 +61,141 @@ BEGIN
 END
 $$;
 
--- Close a run; returns its job's state after the close. Returns NULL when the run was
--- already closed (by a scheduler that found it crashed, or because the job was deleted),
--- or when lease_token is given and the run no longer carries it (another scheduler took
--- it over): then nothing changes, so an outcome is never recorded twice. The check is made under
--- the run's row lock, which the close keeps until it commits.
--- outcome: success | failure | timeout | crash | cancelled.
--- next_start NULL keeps the stored next_start (manual runs do not move the schedule).
--- The end of a plan run also decides its job's state: disabled when disable_reason is
--- given or the job was paused meanwhile, else scheduled. This is the only place a run
--- ends; counters = false closes it without touching the job's counters and times,
--- for _finish_runs' fallback when they cannot be updated (absurd values written by hand).
-CREATE OR REPLACE FUNCTION pgsched._end_run(run_id bigint, outcome text, sqlstate text, message text,
-                                            next_start timestamptz,
-                                            finished_at timestamptz DEFAULT clock_timestamp(),
-                                            disable_reason text DEFAULT NULL,
-                                            rows_affected bigint DEFAULT NULL,
-                                            result jsonb DEFAULT NULL,
-                                            lease_token bigint DEFAULT NULL,
-                                            counters boolean DEFAULT true)
-RETURNS text LANGUAGE plpgsql
+-- Close runs: one writer of a run's end and of what it does to its job. Each element of
+-- `ends` (a jsonb array) closes one run: run_id, outcome (success | failure | timeout |
+-- crash | cancelled), sqlstate, message, rows_affected, result, finished_at, next_start
+-- (NULL keeps the stored one: manual runs do not move the schedule), schedule_delay_s (the
+-- delay next_start was computed with: re-based on the job's delay now, so that no plan falls
+-- between the two if it was changed during the run), disable_reason, and lease_token (when
+-- given, the run must still carry it: another scheduler may have taken it over).
+-- A run already closed (by a scheduler that found it crashed, or because the job was
+-- deleted) or no longer carrying the lease is left as it is, so an outcome is never recorded
+-- twice; the check is made under the run's row lock, kept until commit.
+-- The end of a plan run decides its job's state: disabled when disable_reason is given or the
+-- job was paused meanwhile, else scheduled; a scope run counts in the totals and leaves the
+-- state and next start to its plan run. counters = false closes without touching the job's
+-- counters and times (_close_runs' fallback for rows that cannot be updated).
+-- Returns the runs it closed with their job's state before and after.
+-- Set-based: a batch of runs costs a few statements, not a few per run (the close runs for
+-- every run; per-run statements were a quarter of the scheduler's database time).
+CREATE OR REPLACE FUNCTION pgsched._end_runs(ends jsonb, counters boolean DEFAULT true)
+RETURNS TABLE (run_id bigint, job_id integer, scope text, outcome text, old_state text, new_state text)
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    r pgsched.job_run;
-    ok boolean := _end_run.outcome = 'success';
-    failed boolean := _end_run.outcome IN ('failure', 'timeout');
-    crashed boolean := _end_run.outcome = 'crash';
-    fin timestamptz;
-    new_state text;
+    c record;
+    bad text;
+    disable integer[] := '{}';
 BEGIN
-    IF outcome NOT IN ('success', 'failure', 'timeout', 'crash', 'cancelled') THEN
-        PERFORM pgsched._bad_arg('outcome', quote_literal(outcome),
+    SELECT x.outcome INTO bad
+      FROM jsonb_to_recordset(ends) AS x(outcome text)
+     WHERE x.outcome IS NULL OR x.outcome NOT IN ('success', 'failure', 'timeout', 'crash', 'cancelled')
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgsched._bad_arg('outcome', coalesce(quote_literal(bad), 'NULL'),
                                  'one of success, failure, timeout, crash, cancelled');
     END IF;
-    SELECT * INTO r FROM pgsched.job_run jr WHERE jr.run_id = _end_run.run_id FOR UPDATE;
-    IF NOT FOUND OR r.outcome <> 'running'
-       OR (_end_run.lease_token IS NOT NULL AND r.lease_token IS DISTINCT FROM _end_run.lease_token) THEN
-        RETURN NULL;
+    FOR c IN
+        WITH e AS (
+            SELECT * FROM jsonb_to_recordset(ends) AS x(
+                run_id bigint, outcome text, sqlstate text, message text, next_start timestamptz,
+                finished_at timestamptz, disable_reason text, rows_affected bigint, result jsonb,
+                lease_token bigint, schedule_delay_s float8)
+        ), r AS (
+            -- The runs still open to this close, locked in one order (no deadlock between two closes).
+            SELECT jr.run_id, jr.job_id, jr.scope, jr.started_at, e.outcome, e.sqlstate, e.message,
+                   e.rows_affected, e.result, e.disable_reason,
+                   -- One clock stamps a run; never let a finish precede its start.
+                   greatest(coalesce(e.finished_at, pg_catalog.clock_timestamp()), jr.started_at) AS fin,
+                   CASE WHEN e.next_start IS NOT NULL AND e.schedule_delay_s IS NOT NULL
+                        THEN pgsched._delayed(pgsched._delayed(e.next_start,
+                                 -pg_catalog.make_interval(secs => e.schedule_delay_s)), j.schedule_delay)
+                        ELSE e.next_start END AS next_start,
+                   j.scheduled
+              FROM pgsched.job_run jr
+              JOIN e ON e.run_id = jr.run_id
+              JOIN pgsched.job j ON j.job_id = jr.job_id
+             WHERE jr.outcome = 'running' AND (e.lease_token IS NULL OR jr.lease_token = e.lease_token)
+             ORDER BY jr.run_id
+               FOR UPDATE OF jr
+        ), closed AS (
+            UPDATE pgsched.job_run jr
+               SET finished_at = r.fin, outcome = r.outcome, sqlstate = r.sqlstate, message = r.message,
+                   rows_affected = r.rows_affected, result = r.result
+              FROM r
+             WHERE jr.run_id = r.run_id
+            RETURNING jr.run_id
+        ), per_job AS (
+            -- A job has at most one plan run open; its scope runs only add to the totals.
+            SELECT r.job_id, max(r.run_id) FILTER (WHERE r.scope = '') AS plan_run,
+                   max(r.fin) AS last_fin,
+                   max(r.fin) FILTER (WHERE r.outcome = 'success') AS last_ok,
+                   max(r.outcome) FILTER (WHERE r.scope = '') AS plan_outcome,
+                   max(r.fin - r.started_at) FILTER (WHERE r.scope = '') AS plan_duration,
+                   max(r.next_start) FILTER (WHERE r.scope = '') AS plan_next,
+                   max(r.disable_reason) FILTER (WHERE r.scope = '') AS disable_reason,
+                   bool_and(r.scheduled) AS scheduled,
+                   count(*) FILTER (WHERE r.outcome = 'success')::integer AS oks,
+                   count(*) FILTER (WHERE r.outcome IN ('failure', 'timeout'))::integer AS fails,
+                   count(*) FILTER (WHERE r.outcome <> 'crash')::integer AS not_crashed
+              FROM r GROUP BY r.job_id
+        ), before AS (
+            -- The statement's snapshot: the jobs' state before this close.
+            SELECT s.job_id, s.state FROM pgsched.job_stat s WHERE s.job_id IN (SELECT p.job_id FROM per_job p)
+        ), after AS (
+            UPDATE pgsched.job_stat s
+               SET state = CASE WHEN p.plan_run IS NULL THEN s.state
+                                WHEN p.disable_reason IS NOT NULL OR NOT p.scheduled THEN 'disabled'
+                                ELSE 'scheduled' END,
+                   disabled_reason = coalesce(p.disable_reason, s.disabled_reason),
+                   current_run_id = CASE WHEN s.current_run_id = p.plan_run THEN NULL ELSE s.current_run_id END,
+                   last_finish = CASE WHEN NOT counters THEN s.last_finish
+                                      WHEN p.plan_run IS NOT NULL THEN p.last_fin
+                                      ELSE greatest(s.last_finish, p.last_fin) END,
+                   last_successful_finish = CASE WHEN NOT counters OR p.last_ok IS NULL THEN s.last_successful_finish
+                                                 WHEN p.plan_run IS NOT NULL THEN p.last_ok
+                                                 ELSE greatest(s.last_successful_finish, p.last_ok) END,
+                   last_run_success = CASE WHEN counters AND p.plan_run IS NOT NULL
+                                           THEN p.plan_outcome = 'success' ELSE s.last_run_success END,
+                   last_run_duration = CASE WHEN counters AND p.plan_run IS NOT NULL THEN p.plan_duration
+                                            ELSE s.last_run_duration END,
+                   total_successes = s.total_successes + CASE WHEN counters THEN p.oks ELSE 0 END,
+                   total_failures = s.total_failures + CASE WHEN counters THEN p.fails ELSE 0 END,
+                   total_crashes = s.total_crashes - CASE WHEN counters THEN p.not_crashed ELSE 0 END,
+                   consecutive_crashes = CASE WHEN NOT counters OR p.plan_run IS NULL OR p.plan_outcome = 'crash'
+                                              THEN s.consecutive_crashes ELSE 0 END,
+                   consecutive_failures = CASE WHEN NOT counters OR p.plan_run IS NULL THEN s.consecutive_failures
+                                               WHEN p.plan_outcome = 'success' THEN 0
+                                               WHEN p.plan_outcome IN ('failure', 'timeout')
+                                                   THEN s.consecutive_failures + 1
+                                               ELSE s.consecutive_failures END,
+                   next_start = CASE WHEN counters AND p.plan_run IS NOT NULL THEN coalesce(p.plan_next, s.next_start)
+                                     ELSE s.next_start END
+              FROM per_job p
+             WHERE s.job_id = p.job_id
+            RETURNING s.job_id, s.state, p.disable_reason IS NOT NULL AND p.plan_run IS NOT NULL AS disable
+        )
+        SELECT r.run_id, r.job_id, r.scope, r.outcome, b.state AS old_state, a.state AS new_state,
+               coalesce(a.disable, false) AS disable
+          FROM r
+          LEFT JOIN before b ON b.job_id = r.job_id
+          LEFT JOIN after a ON a.job_id = r.job_id
+    LOOP
+        run_id := c.run_id; job_id := c.job_id; scope := c.scope; outcome := c.outcome;
+        old_state := c.old_state; new_state := c.new_state;
+        RETURN NEXT;
+        IF c.disable THEN
+            disable := disable || c.job_id;
+        END IF;
+    END LOOP;
+    IF disable <> '{}' THEN
+        -- After the statement above: pausing the job fires its trigger, which writes job_stat too.
+        UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = ANY (disable) AND j.scheduled;
     END IF;
-    -- One clock stamps a run; never let a finish precede its start.
-    fin := greatest(_end_run.finished_at, r.started_at);
-    UPDATE pgsched.job_run jr
-       SET finished_at = fin, outcome = _end_run.outcome, sqlstate = _end_run.sqlstate,
-           message = _end_run.message, rows_affected = _end_run.rows_affected, result = _end_run.result
-     WHERE jr.run_id = _end_run.run_id;
-    -- The job's state after comes back from the statement that writes it (RETURNING): every
-    -- statement more here runs once per run.
-    IF r.scope <> '' AND counters THEN
-        -- A scope run counts in the totals; the job's state and next start belong to its plan run.
-        UPDATE pgsched.job_stat s
-           SET last_finish = greatest(s.last_finish, fin),
-               last_successful_finish = CASE WHEN ok THEN greatest(s.last_successful_finish, fin)
-                                             ELSE s.last_successful_finish END,
-               total_successes = s.total_successes + ok::int,
-               total_failures = s.total_failures + failed::int,
-               total_crashes = s.total_crashes - (NOT crashed)::int
-         WHERE s.job_id = r.job_id
-        RETURNING s.state INTO new_state;
-    ELSIF r.scope <> '' THEN
-        SELECT s.state INTO new_state FROM pgsched.job_stat s WHERE s.job_id = r.job_id;
-    ELSIF counters THEN
-        UPDATE pgsched.job_stat s
-           SET state = CASE WHEN _end_run.disable_reason IS NOT NULL
-                                 OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
-                            THEN 'disabled' ELSE 'scheduled' END,
-               disabled_reason = coalesce(_end_run.disable_reason, s.disabled_reason),
-               current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END,
-               last_finish = fin,
-               last_run_success = ok,
-               last_successful_finish = CASE WHEN ok THEN fin ELSE s.last_successful_finish END,
-               last_run_duration = fin - r.started_at,
-               total_successes = s.total_successes + ok::int,
-               total_failures = s.total_failures + failed::int,
-               total_crashes = s.total_crashes - (NOT crashed)::int,
-               consecutive_crashes = CASE WHEN crashed THEN s.consecutive_crashes ELSE 0 END,
-               consecutive_failures = CASE WHEN ok THEN 0 WHEN failed THEN s.consecutive_failures + 1
-                                           ELSE s.consecutive_failures END,
-               next_start = coalesce(_end_run.next_start, s.next_start)
-         WHERE s.job_id = r.job_id
-        RETURNING s.state INTO new_state;
-    ELSE
-        UPDATE pgsched.job_stat s
-           SET state = CASE WHEN _end_run.disable_reason IS NOT NULL
-                                 OR NOT (SELECT j.scheduled FROM pgsched.job j WHERE j.job_id = r.job_id)
-                            THEN 'disabled' ELSE 'scheduled' END,
-               disabled_reason = coalesce(_end_run.disable_reason, s.disabled_reason),
-               current_run_id = CASE WHEN s.current_run_id = r.run_id THEN NULL ELSE s.current_run_id END
-         WHERE s.job_id = r.job_id
-        RETURNING s.state INTO new_state;
-    END IF;
-    IF _end_run.disable_reason IS NOT NULL AND r.scope = '' THEN
-        UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = r.job_id;
-    END IF;
-    -- '' only if the job has no job_stat row, which its trigger rules out: the run is closed all the same.
-    RETURN coalesce(new_state, '');
 END
 $$;
 
--- _end_run as release 0.1.0's callers and run_job read it: whether the run was closed.
+-- One run's close (_end_runs) as run_job and release 0.1.0's callers read it: whether it closed.
 CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
                                              next_start timestamptz,
                                              finished_at timestamptz DEFAULT clock_timestamp(),
@@ -166,10 +204,16 @@ CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlsta
                                              result jsonb DEFAULT NULL,
                                              lease_token bigint DEFAULT NULL,
                                              counters boolean DEFAULT true)
-RETURNS boolean LANGUAGE sql
+RETURNS boolean LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched._end_run(run_id, outcome, sqlstate, message, next_start, finished_at, disable_reason,
-                            rows_affected, result, lease_token, counters) IS NOT NULL
+-- PL/pgSQL rather than SQL: it keeps its statement's plan for the session.
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pgsched._end_runs(pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+        'run_id', _mark_end.run_id, 'outcome', _mark_end.outcome, 'sqlstate', _mark_end.sqlstate,
+        'message', _mark_end.message, 'next_start', _mark_end.next_start, 'finished_at', _mark_end.finished_at,
+        'disable_reason', _mark_end.disable_reason, 'rows_affected', _mark_end.rows_affected,
+        'result', _mark_end.result, 'lease_token', _mark_end.lease_token)), _mark_end.counters));
+END
 $$;
 
 -- run_job's two marks. The caller may not write job_stat and job_run itself

@@ -22,6 +22,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_behind',
     '_catch_up',
     '_claim_v2',
+    '_close_batch',
     '_close_runs',
     '_disable_job_v2',
     '_finish_run',
@@ -530,54 +531,127 @@ SET search_path = pg_catalog, pg_temp AS $$
     RETURNING s.state;
 $$;
 
--- Close a batch of runs in one statement (one round trip): _mark_end for each,
--- plus the skipped-slot record. Returns the runs it closed, each with its job's state
--- before and after the close (what the scheduler logs); a run already closed by
--- someone else is left as it is. The batch is tried in one subtransaction; only if
--- that fails is it retried a run at a time, so that a row that cannot be updated
--- (absurd values written into the catalog by hand) closes its run and disables its
--- job with the reason instead of failing every batch. That fallback closes the run
--- through _mark_end too (without the counters): a run's end and its job's state have
--- one writer.
+-- Close a batch of runs in one statement (one round trip): _close_batch. Returns the runs
+-- it closed, each with its job's state before and after the close (what the scheduler logs); a
+-- run already closed by someone else is left as it is. The batch is tried in one
+-- subtransaction; only if that fails is it retried a run at a time, so that a row that cannot
+-- be updated (absurd values written into the catalog by hand) closes its run and disables its
+-- job with the reason instead of failing every batch. That fallback closes the run through
+-- _end_runs too (without the counters): a run's end and its job's state have one writer.
 CREATE OR REPLACE FUNCTION pgsched._close_runs(ends jsonb)
 RETURNS TABLE (run_id bigint, job_id integer, old_state text, new_state text) LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     e jsonb;
-    f record;
+    c record;
     -- Collected, and returned at the end: rows returned before a failed attempt could not be taken back.
     run_ids bigint[] := '{}';
     job_ids integer[] := '{}';
     olds text[] := '{}';
     news text[] := '{}';
     problem text;
+    state_now text;
 BEGIN
     BEGIN
-        FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
-            f := pgsched._finish_run(e);
-            IF f.closed THEN
-                run_ids := run_ids || (e->>'run_id')::bigint;
-                job_ids := job_ids || f.closed_job; olds := olds || f.old_state; news := news || f.new_state;
-            END IF;
+        FOR c IN SELECT * FROM pgsched._close_batch(ends) LOOP
+            run_ids := run_ids || c.run_id; job_ids := job_ids || c.job_id;
+            olds := olds || c.old_state; news := news || c.new_state;
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
         run_ids := '{}'; job_ids := '{}'; olds := '{}'; news := '{}';
         FOR e IN SELECT value FROM jsonb_array_elements(ends) LOOP
             BEGIN
-                f := pgsched._finish_run(e);
+                FOR c IN SELECT * FROM pgsched._close_batch(jsonb_build_array(e)) LOOP
+                    run_ids := run_ids || c.run_id; job_ids := job_ids || c.job_id;
+                    olds := olds || c.old_state; news := news || c.new_state;
+                END LOOP;
             EXCEPTION WHEN OTHERS THEN
                 problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
-                f := pgsched._finish_run(e || jsonb_build_object(
-                    'problem', problem,
-                    'message', left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000)));
+                FOR c IN SELECT * FROM pgsched._end_runs(jsonb_build_array(e || jsonb_build_object(
+                             'disable_reason', problem, 'next_start', NULL, 'rows_affected', NULL, 'result', NULL,
+                             'message', left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000))),
+                             counters => false) LOOP
+                    -- A scope run's close leaves its job alone; the job is paused all the same (a plan
+                    -- run's close has paused it already).
+                    UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = c.job_id AND j.scheduled;
+                    SELECT s.state INTO state_now FROM pgsched.job_stat s WHERE s.job_id = c.job_id;
+                    run_ids := run_ids || c.run_id; job_ids := job_ids || c.job_id;
+                    olds := olds || c.old_state; news := news || state_now;
+                END LOOP;
             END;
-            IF f.closed THEN
-                run_ids := run_ids || (e->>'run_id')::bigint;
-                job_ids := job_ids || f.closed_job; olds := olds || f.old_state; news := news || f.new_state;
-            END IF;
         END LOOP;
     END;
     RETURN QUERY SELECT * FROM unnest(run_ids, job_ids, olds, news);
+END
+$$;
+
+-- _close_runs' batch: the closes (_end_runs, fenced on the lease tokens the scheduler holds),
+-- then what some of them bring along, each rare and so done only when asked for: the pids that
+-- really ran a run, the scope runs a scoped job's plan run queues, the wake-up when queued
+-- scope runs became claimable, the skipped-slot record.
+CREATE OR REPLACE FUNCTION pgsched._close_batch(ends jsonb)
+RETURNS TABLE (run_id bigint, job_id integer, old_state text, new_state text) LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c record;
+    e record;
+    closed bigint[] := '{}';
+    scope_ended boolean := false;
+    wake boolean := false;
+BEGIN
+    FOR c IN SELECT * FROM pgsched._end_runs(ends) LOOP
+        run_id := c.run_id; job_id := c.job_id; old_state := c.old_state; new_state := c.new_state;
+        RETURN NEXT;
+        closed := closed || c.run_id;
+        scope_ended := scope_ended OR c.scope <> '';
+    END LOOP;
+    IF closed = '{}' THEN
+        RETURN;
+    END IF;
+    IF jsonb_path_exists(ends, '$[*] ? (@.worker_pid != null)') THEN
+        -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
+        UPDATE pgsched.job_run r SET worker_pid = x.worker_pid, backend_pid = x.backend_pid
+          FROM jsonb_to_recordset(ends) AS x(run_id bigint, worker_pid integer, backend_pid integer)
+         WHERE r.run_id = x.run_id AND x.worker_pid IS NOT NULL AND r.run_id = ANY (closed);
+    END IF;
+    IF jsonb_path_exists(ends, '$[*] ? (@.scopes.type() == "array" || @.skipped > 0)') THEN
+        FOR e IN SELECT x.run_id, x.scopes, x.skipped, x.skipped_first, x.skipped_last, x.finished_at, r.job_id,
+                        r.scope
+                   FROM jsonb_to_recordset(ends) AS x(run_id bigint, scopes jsonb, skipped integer,
+                                                      skipped_first timestamptz, skipped_last timestamptz,
+                                                      finished_at timestamptz)
+                   JOIN pgsched.job_run r ON r.run_id = x.run_id
+                  WHERE x.run_id = ANY (closed) LOOP
+            IF jsonb_typeof(e.scopes) = 'array' THEN
+                -- A plan run of a scoped job ends by queuing one run per scope key it found, except
+                -- for a scope whose run of an earlier plan is still queued: the queue never grows past
+                -- one plan per scope, and the plans passed over are counted as skipped.
+                WITH q AS (
+                    INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome)
+                    SELECT r.job_id, k.value, r.plan_time, r.trigger, 'queued'
+                      FROM pgsched.job_run r, jsonb_array_elements_text(e.scopes) k
+                     WHERE r.run_id = e.run_id AND k.value <> ''
+                       AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                                        WHERE o.job_id = r.job_id AND o.scope = k.value AND o.outcome = 'queued')
+                    ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
+                    RETURNING 1)
+                UPDATE pgsched.job_stat st
+                   SET total_skipped = st.total_skipped + jsonb_array_length(e.scopes) - (SELECT count(*) FROM q)
+                 WHERE st.job_id = e.job_id;
+                wake := true;
+            END IF;
+            IF e.scope = '' AND coalesce(e.skipped, 0) > 0 THEN
+                PERFORM pgsched._record_skipped(e.run_id, e.skipped, e.skipped_first, e.skipped_last, e.finished_at);
+            END IF;
+        END LOOP;
+    END IF;
+    IF wake OR (scope_ended AND EXISTS (SELECT 1 FROM pgsched.job_run q
+                                         JOIN pgsched.job_run r ON r.job_id = q.job_id
+                                        WHERE r.run_id = ANY (closed) AND r.scope <> '' AND q.outcome = 'queued')) THEN
+        -- Queued scope runs became claimable: wake every scheduler (ours included), not
+        -- only the ones that happen to have an idle worker at their next claim.
+        PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
+    END IF;
 END
 $$;
 
@@ -586,93 +660,6 @@ CREATE OR REPLACE FUNCTION pgsched._finish_runs(ends jsonb)
 RETURNS SETOF bigint LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT c.run_id FROM pgsched._close_runs(ends) c
-$$;
-
--- One run of _close_runs' batch: the close (_mark_end, fenced on the lease token the
--- scheduler holds), then what it brings along: the pids that really ran it, the scope
--- runs a scoped job's plan run queues, the skipped-slot record. With e->>'problem'
--- (the batch's fallback for a row that cannot be updated), only the close, without the
--- job's counters, and the job is disabled for that problem.
--- closed: whether this call closed the run; old_state, new_state: its job's state before
--- and after (the same for a scope run, which leaves the state to its plan run).
-CREATE OR REPLACE FUNCTION pgsched._finish_run(e jsonb, OUT closed boolean, OUT closed_job integer,
-                                               OUT old_state text, OUT new_state text)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    rid bigint := (e->>'run_id')::bigint;
-    run record;
-    next_start timestamptz := (e->>'next_start')::timestamptz;
-    queued_scopes boolean := jsonb_typeof(e->'scopes') = 'array';
-    problem text := e->>'problem';
-BEGIN
-    closed := false;
-    SELECT r.job_id, r.scope, j.schedule_delay, s.state INTO run
-      FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
-      LEFT JOIN pgsched.job_stat s ON s.job_id = r.job_id
-     WHERE r.run_id = rid;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    closed_job := run.job_id;
-    old_state := run.state;
-    IF problem IS NOT NULL THEN
-        closed := pgsched._end_run(rid, e->>'outcome', e->>'sqlstate', e->>'message', NULL,
-                                   (e->>'finished_at')::timestamptz, problem, NULL, NULL,
-                                   (e->>'lease_token')::bigint, counters => false) IS NOT NULL;
-        -- A scope run's close leaves its job alone; the job is paused all the same (a plan
-        -- run's close has paused it already), whoever closed the run.
-        UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = run.job_id AND j.scheduled;
-        SELECT s.state INTO new_state FROM pgsched.job_stat s WHERE s.job_id = run.job_id;
-        RETURN;
-    END IF;
-    IF next_start IS NOT NULL AND e->>'schedule_delay_s' IS NOT NULL THEN
-        -- The scheduler added the delay the run was claimed with; the job's may have changed since.
-        next_start := pgsched._delayed(pgsched._delayed(next_start, -pg_catalog.make_interval(
-            secs => (e->>'schedule_delay_s')::float8)), run.schedule_delay);
-    END IF;
-    new_state := pgsched._end_run(rid, e->>'outcome', e->>'sqlstate', e->>'message', next_start,
-                                  (e->>'finished_at')::timestamptz, e->>'disable_reason',
-                                  (e->>'rows_affected')::bigint, nullif(e->'result', 'null'),
-                                  (e->>'lease_token')::bigint);
-    IF new_state IS NULL THEN
-        RETURN;
-    END IF;
-    closed := true;
-    IF e->>'worker_pid' IS NOT NULL THEN
-        -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
-        UPDATE pgsched.job_run r
-           SET worker_pid = (e->>'worker_pid')::integer, backend_pid = (e->>'backend_pid')::integer
-         WHERE r.run_id = rid;
-    END IF;
-    IF queued_scopes THEN
-        -- A plan run of a scoped job ends by queuing one run per scope key it found, except for
-        -- a scope whose run of an earlier plan is still queued: the queue never grows past one
-        -- plan per scope, and the plans passed over are counted as skipped.
-        WITH q AS (
-            INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome)
-            SELECT r.job_id, k.value, r.plan_time, r.trigger, 'queued'
-              FROM pgsched.job_run r, jsonb_array_elements_text(e->'scopes') k
-             WHERE r.run_id = rid AND k.value <> ''
-               AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
-                                WHERE o.job_id = r.job_id AND o.scope = k.value AND o.outcome = 'queued')
-            ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
-            RETURNING 1)
-        UPDATE pgsched.job_stat st
-           SET total_skipped = st.total_skipped + jsonb_array_length(e->'scopes') - (SELECT count(*) FROM q)
-         WHERE st.job_id = run.job_id;
-    END IF;
-    IF queued_scopes OR (run.scope <> '' AND EXISTS (SELECT 1 FROM pgsched.job_run q
-                                                      WHERE q.job_id = run.job_id AND q.outcome = 'queued')) THEN
-        -- Queued scope runs became claimable: wake every scheduler (ours included), not
-        -- only the ones that happen to have an idle worker at their next claim.
-        PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
-    END IF;
-    IF run.scope = '' AND coalesce((e->>'skipped')::integer, 0) > 0 THEN
-        PERFORM pgsched._record_skipped(rid, (e->>'skipped')::integer, (e->>'skipped_first')::timestamptz,
-                                        (e->>'skipped_last')::timestamptz, (e->>'finished_at')::timestamptz);
-    END IF;
-END
 $$;
 
 -- Terminate the backends still running a run: found by the application_name the
