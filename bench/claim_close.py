@@ -1,0 +1,133 @@
+"""The scheduler's two per-run statements, the claim and the close, timed against another release.
+
+    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150]
+
+One cluster, two databases: `a` gets the schema of the release at git ref --against (checked out
+into a temporary worktree and installed by its own `pgsched.migrate`), `b` this tree's. Each has
+400 trivial jobs always due. A client then does what a scheduler's round does, with raw SQL and
+8 runs a round: close the 8 runs of the previous round, claim 8 more (0.1.0's `_finish_runs` and
+`_claim`; this release's `_close_runs` and `_claim_v2`). Blocks of --block rounds alternate
+between the two databases --rounds times, so that both see the same machine; the figures are the
+medians of the blocks' mean milliseconds per statement. No Python of either scheduler is timed:
+this isolates the database's side of a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from common import cluster
+from psycopg.types.json import Jsonb
+from scheduler import add_jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+# Each release's names for the two statements.
+STATEMENTS = {
+    "a": ("SELECT run_id, started_at, lease_token FROM pgsched._claim(%s, %s, %s, '0', '{}')",
+          "SELECT * FROM pgsched._finish_runs(%s)"),
+    "b": ("SELECT run_id, started_at, lease_token FROM pgsched._claim_v2(%s, %s, %s, '0', '{}')",
+          "SELECT * FROM pgsched._close_runs(%s)"),
+}
+WORKERS = list(range(100_000, 100_008))
+BACKENDS = list(range(200_000, 200_008))
+
+
+def install(dsn: str, tree: Path) -> None:
+    """The schema of the pgsched in `tree`, installed by that tree's own code."""
+    subprocess.run([sys.executable, "-c", "import sys, psycopg; from pgsched import migrate; "
+                    "migrate.init(psycopg.connect(sys.argv[1], autocommit=True))", dsn],
+                   check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION public.noop(job_id int, config jsonb) RETURNS void LANGUAGE sql "
+                     "AS 'SELECT NULL'")
+    add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
+
+
+class Client:
+    """One database's scheduler-like session: its instance, and the runs claimed but not yet closed."""
+
+    def __init__(self, name: str, dsn: str) -> None:
+        self.claim_sql, self.close_sql = STATEMENTS[name]
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        for setting in ("SET pgsched.internal = on", "SET synchronous_commit = off", "SET jit = off"):
+            self.conn.execute(setting)
+        row = self.conn.execute("SELECT instance_id FROM pgsched._register_instance('bench', 1, 'x', 8)").fetchone()
+        assert row is not None
+        self.instance_id = int(row[0])
+        self.open: list[dict[str, Any]] = []
+        self.claim_ms: list[float] = []
+        self.close_ms: list[float] = []
+
+    def block(self, rounds: int, keep: bool = True) -> None:
+        claim = close = 0.0
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            if self.open:
+                self.conn.execute(self.close_sql, (Jsonb(self.open),)).fetchall()
+            t1 = time.perf_counter()
+            rows = self.conn.execute(self.claim_sql, (self.instance_id, WORKERS, BACKENDS)).fetchall()
+            t2 = time.perf_counter()
+            close += t1 - t0
+            claim += t2 - t1
+            # What the scheduler sends for a trivial successful run, due again at once.
+            self.open = [{"run_id": run_id, "outcome": "success", "sqlstate": None, "message": None,
+                          "next_start": started.isoformat(), "finished_at": started.isoformat(),
+                          "disable_reason": None, "rows_affected": None, "result": None, "skipped": 0,
+                          "skipped_first": None, "skipped_last": None, "worker_pid": None, "backend_pid": None,
+                          "lease_token": token, "scopes": None, "schedule_delay_s": 0.0}
+                         for run_id, started, token in rows]
+        if keep:
+            self.claim_ms.append(1000 * claim / rounds)
+            self.close_ms.append(1000 * close / rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", default="9971113", help="git ref of the other release (default: 0.1.0)")
+    ap.add_argument("--rounds", type=int, default=12, help="blocks per database")
+    ap.add_argument("--block", type=int, default=150, help="claim+close rounds per block")
+    args = ap.parse_args()
+    other = Path(tempfile.mkdtemp(prefix="pgsched-bench-release-")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
+                   check=True, capture_output=True)
+    try:
+        with cluster() as (_, dsn):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE a")
+                conn.execute("CREATE DATABASE b")
+            dsns = {name: psycopg.conninfo.make_conninfo(dsn, dbname=name) for name in ("a", "b")}
+            install(dsns["a"], other)
+            install(dsns["b"], ROOT)
+            clients = {name: Client(name, d) for name, d in dsns.items()}
+            for c in clients.values():
+                c.block(args.block, keep=False)  # warm: plans, caches
+            for _ in range(args.rounds):
+                for c in clients.values():
+                    c.block(args.block)
+            out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": 8}
+            for name, c in clients.items():
+                label = args.against if name == "a" else "this tree"
+                out[label] = {"claim_ms": round(statistics.median(c.claim_ms), 3),
+                              "close_ms": round(statistics.median(c.close_ms), 3)}
+                c.conn.close()
+            a, b = clients["a"], clients["b"]
+            out["claim_ratio"] = round(statistics.median(b.claim_ms) / statistics.median(a.claim_ms), 3)
+            out["close_ratio"] = round(statistics.median(b.close_ms) / statistics.median(a.close_ms), 3)
+            print(json.dumps(out))
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False,
+                       capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
