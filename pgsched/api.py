@@ -34,9 +34,11 @@ release runs while the old release's instances are still working. So:
   error; outside it, it stops with one message naming both versions (SchemaVersionMismatch),
   never a loop of SQL errors.
 * Release 0.1.0 (API 1) predates this: its schema has no `pgsched._api()`, and its
-  instances check only that the count of migrations is theirs. So while API 1 is served,
-  no migration may be added; from API 2 on, a release that adds a migration bumps the API
-  (an instance accepts migrations newer than its own only from a newer API that serves it).
+  instances check only that the highest version in pgsched.migration is theirs. So the
+  migrations after its five are recorded in a second ledger it does not read
+  (migrate.ledger), and each must leave API 1's functions working; from API 2 on, a release
+  that adds a migration bumps the API (an instance accepts migrations newer than its own
+  only from a newer API that serves it).
 """
 
 from __future__ import annotations

@@ -41,6 +41,19 @@ T = TypeVar("T")
 MIGRATION_LOCK_KEY = 7_401_295_310
 MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
+# Where each migration is recorded. Release 0.1.0 checks on every (re)connect that the highest
+# version in pgsched.migration is its own, 5, and refuses the schema otherwise: so that its
+# instances keep running through a rolling upgrade (pgsched/api.py), the migrations after
+# its five are recorded in a second ledger it does not read, pgsched.schema_migration.
+# Read together, the two are the schema's migrations (_applied).
+RELEASE_0_1_0_MIGRATIONS = 5
+LEDGERS = ("pgsched.migration", "pgsched.schema_migration")
+
+
+def ledger(version: int) -> str:
+    """The table a migration of this version is recorded in."""
+    return LEDGERS[0] if version <= RELEASE_0_1_0_MIGRATIONS else LEDGERS[1]
+
 
 def _find_source_dir(name: str) -> Path | None:
     """sql/ and plpython/ sit beside the package in a checkout, inside it in a wheel."""
@@ -117,13 +130,15 @@ class InitResult:
 
 def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
     cur.execute("CREATE SCHEMA IF NOT EXISTS pgsched")
-    cur.execute(
-        """CREATE TABLE IF NOT EXISTS pgsched.migration (
-               version    integer PRIMARY KEY,
-               name       text NOT NULL,
-               checksum   text NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now())"""
-    )
+    for table in LEDGERS:
+        cur.execute(sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                   version    integer PRIMARY KEY,
+                   name       text NOT NULL,
+                   checksum   text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now())""").format(sql.SQL(table)))
+    # Readable by all, as pgsched.migration is (0002_security.sql).
+    cur.execute("GRANT SELECT ON pgsched.schema_migration TO PUBLIC")
     cur.execute(
         """CREATE TABLE IF NOT EXISTS pgsched.api_state (
                singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -234,6 +249,17 @@ def _drop_plpython_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
         cur.execute(sql.SQL("DROP FUNCTION {}").format(sql.SQL(str(fn))))
 
 
+def _applied(cur: psycopg.Cursor[Any]) -> dict[int, str]:
+    """The schema's migrations (both ledgers), version -> checksum."""
+    cur.execute("SELECT to_regclass('pgsched.schema_migration') IS NOT NULL")
+    row = cur.fetchone()
+    # A schema that release 0.1.0 installed has the first ledger only.
+    both = bool(row and row[0])
+    cur.execute("SELECT version, checksum FROM pgsched.migration"
+                + (" UNION ALL SELECT version, checksum FROM pgsched.schema_migration" if both else ""))
+    return {int(str(v)): str(c) for v, c in cur.fetchall()}
+
+
 def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True) -> InitResult:
     """Install or upgrade the schema on `conn` (which must not be in a transaction).
 
@@ -245,8 +271,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         _bootstrap(cur)
-        cur.execute("SELECT version, checksum FROM pgsched.migration ORDER BY version")
-        applied = {int(str(v)): str(c) for v, c in cur.fetchall()}
+        applied = _applied(cur)
         newest = max(applied, default=0)
         if newest > len(todo):
             raise SchemaVersionMismatch(
@@ -282,7 +307,8 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
             for m in pending:
                 cur.execute(sql.SQL(m.text))
                 cur.execute(
-                    "INSERT INTO pgsched.migration (version, name, checksum) VALUES (%s, %s, %s)",
+                    sql.SQL("INSERT INTO {} (version, name, checksum) VALUES (%s, %s, %s)").format(
+                        sql.SQL(ledger(m.version))),
                     (m.version, m.name, m.checksum),
                 )
             if not reapply:
@@ -409,11 +435,9 @@ def check_version(conn: psycopg.Connection[Any]) -> int:
         row = cur.fetchone()
         if not row or not row[0]:
             raise SchemaVersionMismatch("pgsched is not installed in this database: run `pgsched init` first")
-        cur.execute("SELECT coalesce(max(version), 0) FROM pgsched.migration")
-        row = cur.fetchone()
+        have = max(_applied(cur), default=0)
         schema = schema_api(cur)
     api.check(schema)
-    have = int(str(row[0])) if row else 0
     want = code_version()
     if have < want or (have > want and schema.api_version == api.API_VERSION):
         hint = "run `pgsched init` to upgrade it" if have < want else "upgrade pgsched"

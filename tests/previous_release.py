@@ -116,3 +116,13 @@ def init(dsn: str) -> None:
          "c = psycopg.connect(sys.argv[1], autocommit=True); migrate.init(c); c.close()", dsn],
         env=old_env(PYTHONPATH=str(source())), cwd=source(), capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def check_version(dsn: str) -> str:
+    """What the old release's own check on (re)connect says of the schema at `dsn`: '' if it accepts it,
+    else its error message."""
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, psycopg; from pgsched import migrate; "
+         "c = psycopg.connect(sys.argv[1], autocommit=True); migrate.check_version(c); c.close()", dsn],
+        env=old_env(PYTHONPATH=str(source())), cwd=source(), capture_output=True, text=True, check=False)
+    return "" if result.returncode == 0 else result.stderr.strip().splitlines()[-1]

@@ -83,7 +83,8 @@ def test_this_release_serves_the_previous_ones_calls(old_schema: Conn) -> None:
     old = signatures(old_schema, calls)
     assert {s.name for s in old} == calls  # each exists in its own schema
     result = migrate.init(old_schema)
-    assert result.applied == []  # no migration: 0.1.0's instances refuse a count not their own
+    # 0.1.0's instances refuse a pgsched.migration not exactly theirs: later ones go to the second ledger.
+    assert all(migrate.ledger(v) == "pgsched.schema_migration" for v in result.applied)
     assert result.api is not None and result.api.serves(previous_release.API)
     new = signatures(old_schema, calls)
     problems = []
@@ -98,10 +99,21 @@ def test_this_release_serves_the_previous_ones_calls(old_schema: Conn) -> None:
     assert migrate.check_version(old_schema) == migrate.code_version()
 
 
-def test_no_migration_while_the_api_of_release_0_1_0_is_served(conn: Conn) -> None:
-    """Release 0.1.0's instances refuse, on reconnect, a schema whose migrations are not exactly theirs."""
-    oldest = rows(conn, "SELECT oldest_api_served FROM pgsched._api()")[0]["oldest_api_served"]
-    if oldest > previous_release.API:
-        pytest.skip(f"API {previous_release.API} is no longer served")
+def test_migrations_after_release_0_1_0_leave_its_instances_working(
+        old_schema: Conn, empty_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Release 0.1.0's instances refuse, on every reconnect, a schema whose pgsched.migration is not
+    exactly theirs: its five migrations are recorded there, every later one in pgsched.schema_migration."""
     theirs = sorted(p.name for p in (previous_release.source() / "sql" / "migrations").glob("*.sql"))
-    assert [f"{m.version:04d}_{m.name}.sql" for m in migrate.migrations()] == theirs
+    assert len(theirs) == migrate.RELEASE_0_1_0_MIGRATIONS
+    assert [f"{m.version:04d}_{m.name}.sql" for m in migrate.migrations()][:len(theirs)] == theirs
+    real = migrate.migrations()
+    later = migrate.Migration(len(real) + 1, "later", "CREATE TABLE pgsched.later_table (id integer)")
+    monkeypatch.setattr(migrate, "migrations", lambda: [*real, later])
+    result = migrate.init(old_schema)
+    assert later.version in result.applied
+    assert rows(old_schema, "SELECT max(version) AS v FROM pgsched.migration")[0]["v"] == len(theirs)
+    assert rows(old_schema, "SELECT version FROM pgsched.schema_migration WHERE name = 'later'") == [
+        {"version": later.version}]
+    assert previous_release.check_version(empty_db) == ""  # 0.1.0's own check, from its own code
+    assert migrate.check_version(old_schema) == later.version
+    assert migrate.init(old_schema).applied == []  # recorded: not applied twice

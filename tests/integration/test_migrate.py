@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgsched import migrate
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
@@ -23,7 +24,9 @@ def bare(empty_db: str) -> Iterator[Conn]:
 
 
 def state(conn: Conn) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
-    return (conn.execute("SELECT * FROM pgsched.migration ORDER BY version").fetchall(),
+    # Both ledgers (migrate.LEDGERS): release 0.1.0's migrations, and those after them.
+    return (conn.execute("SELECT * FROM pgsched.migration UNION ALL SELECT * FROM pgsched.schema_migration "
+                         "ORDER BY version").fetchall(),
             conn.execute("SELECT * FROM pgsched.api_state").fetchall())
 
 
@@ -33,9 +36,9 @@ def test_init_installs(bare: Conn) -> None:
     assert n >= 1
     assert (result.applied, result.api_reapplied, result.version) == (list(range(1, n + 1)), True, n)
     assert migrate.code_version() == n
-    assert [(r["version"], r["name"], r["checksum"]) for r in rows(
-        bare, "SELECT version, name, checksum FROM pgsched.migration ORDER BY version")] == \
-        [(m.version, m.name, m.checksum) for m in migrate.migrations()]
+    assert [r[:3] for r in state(bare)[0]] == [(m.version, m.name, m.checksum) for m in migrate.migrations()]
+    assert all(r["version"] <= migrate.RELEASE_0_1_0_MIGRATIONS
+               for r in rows(bare, "SELECT version FROM pgsched.migration"))
     assert migrate.check_version(bare) == n
     assert scalar(bare, "SELECT plpython FROM pgsched.api_state") is result.plpython
     for view in ("jobs", "job_stats", "job_history"):
@@ -152,7 +155,8 @@ def test_check_version_without_schema(bare: Conn) -> None:
 
 def test_check_version_of_an_old_schema(bare: Conn) -> None:
     migrate.init(bare)
-    bare.execute("DELETE FROM pgsched.migration WHERE version = (SELECT max(version) FROM pgsched.migration)")
+    newest = migrate.code_version()
+    bare.execute(sql.SQL("DELETE FROM {} WHERE version = %s").format(sql.SQL(migrate.ledger(newest))), (newest,))
     with pytest.raises(SchemaVersionMismatch, match="run `pgsched init` to upgrade"):
         migrate.check_version(bare)
 
