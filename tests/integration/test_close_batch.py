@@ -1,0 +1,118 @@
+"""The close is set-based (pgsched._end_runs): a batch of closes must write exactly what the same
+closes write one at a time, whatever the mix of outcomes, refusals and disables in the batch.
+
+Pairs of identical jobs are claimed together; the first of each pair is closed alone, the second
+in one batch with all the others, with the same outcome, times and reasons. Every column of
+their job_stat and job_run rows (ids aside) must then agree, and so must what each close returned.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.integration.helpers import Conn, rows, scalar
+
+T = datetime(2030, 6, 1, 12, 0, 0, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+# (outcome, next_start offset in s or None, disable_reason, lease: 'ours' | 'lost', closed before: bool)
+CASES: list[tuple[str, int | None, str | None, str, bool]] = [
+    ("success", 60, None, "ours", False),
+    ("failure", 30, None, "ours", False),
+    ("timeout", 30, None, "ours", False),
+    ("crash", 90, None, "ours", False),
+    ("cancelled", None, None, "ours", False),
+    ("failure", 60, "failed 3 times in a row", "ours", False),
+    ("success", 60, None, "lost", False),
+    ("success", 60, None, "ours", True),
+]
+
+
+def add_pair(api: Conn) -> tuple[int, int]:
+    ids = []
+    for _ in range(2):
+        job = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 minute')"))
+        api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T, job))
+        ids.append(job)
+    return ids[0], ids[1]
+
+
+def end(run: dict[str, Any], case: tuple[str, int | None, str | None, str, bool], n: int) -> dict[str, Any]:
+    outcome, nxt, reason, lease, _ = case
+    return {"run_id": run["run_id"], "outcome": outcome, "sqlstate": None if outcome == "success" else "P0001",
+            "message": f"case {n}", "next_start": None if nxt is None else (T + nxt * S).isoformat(),
+            "finished_at": (T + 5 * S).isoformat(), "disable_reason": reason, "rows_affected": n,
+            "result": {"n": n}, "skipped": 0, "skipped_first": None, "skipped_last": None,
+            "worker_pid": None, "backend_pid": None,
+            "lease_token": run["lease_token"] + (1000 if lease == "lost" else 0),
+            "scopes": None, "schedule_delay_s": 0.0}
+
+
+def close(api: Conn, ends: list[dict[str, Any]]) -> dict[int, tuple[str | None, str | None]]:
+    return {int(r["run_id"]): (r["old_state"], r["new_state"])
+            for r in rows(api, "SELECT * FROM pgsched._close_runs(%s)", (json.dumps(ends),))}
+
+
+def stat(api: Conn, job: int) -> dict[str, Any]:
+    [row] = rows(api, "SELECT s.*, j.scheduled FROM pgsched.job_stat s JOIN pgsched.job j USING (job_id) "
+                      "WHERE s.job_id = %s", (job,))
+    return {k: v for k, v in row.items() if k not in ("job_id", "current_run_id")}
+
+
+def run_row(api: Conn, job: int) -> dict[str, Any]:
+    [row] = rows(api, "SELECT * FROM pgsched.job_run WHERE job_id = %s", (job,))
+    return {k: v for k, v in row.items() if k not in ("run_id", "job_id", "lease_token", "worker_pid")}
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_a_batch_writes_what_the_same_closes_write_one_at_a_time(api: Conn, batch_first: bool) -> None:
+    pairs = [add_pair(api) for _ in CASES]
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 16, now => %s)",
+                    (T,)))
+    claimed = {int(r["job_id"]): r for r in rows(
+        api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)",
+        (me, list(range(100, 100 + 2 * len(CASES))), [0] * (2 * len(CASES)), T))}
+    assert len(claimed) == 2 * len(CASES)
+    singles = [end(claimed[a], case, n) for n, (case, (a, _)) in enumerate(zip(CASES, pairs, strict=True))]
+    batch = [end(claimed[b], case, n) for n, (case, (_, b)) in enumerate(zip(CASES, pairs, strict=True))]
+    for case, single, batched in zip(CASES, singles, batch, strict=True):
+        if case[4]:  # closed before by someone else (a scheduler that found it crashed)
+            for e in (single, batched):
+                close(api, [{**e, "outcome": "crash", "lease_token": None, "disable_reason": None}])
+
+    def one_at_a_time() -> dict[int, tuple[str | None, str | None]]:
+        out: dict[int, tuple[str | None, str | None]] = {}
+        for e in singles:
+            out |= close(api, [e])
+        return out
+
+    if batch_first:
+        got_batch, got_single = close(api, batch), one_at_a_time()
+    else:
+        got_single, got_batch = one_at_a_time(), close(api, batch)
+    for n, (case, (a, b)) in enumerate(zip(CASES, pairs, strict=True)):
+        refused = case[3] == "lost" or case[4]
+        assert (claimed[a]["run_id"] in got_single) is not refused, (n, case)
+        assert got_batch.get(claimed[b]["run_id"]) == got_single.get(claimed[a]["run_id"]), (n, case)
+        assert stat(api, b) == stat(api, a), (n, case)
+        assert run_row(api, b) == run_row(api, a), (n, case)
+    # The disable in the batch paused its job, as the single close did.
+    assert stat(api, pairs[5][1])["scheduled"] is False
+    assert stat(api, pairs[5][1])["state"] == "disabled"
+
+
+def test_a_bad_outcome_in_a_batch_is_refused_naming_it_and_nothing_is_written(api: Conn) -> None:
+    a, _ = add_pair(api)
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4, now => %s)", (T,)))
+    [run] = rows(api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)", (me, [100], [0], T))
+    before = rows(api, "SELECT * FROM pgsched.job_run ORDER BY run_id"), stat(api, a)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"^invalid outcome: 'exploded'") as e:
+        api.execute("SELECT * FROM pgsched._end_runs(%s)",
+                    (json.dumps([{**end(run, CASES[0], 0), "outcome": "exploded"}]),))
+    assert e.value.diag.message_hint == "outcome must be one of success, failure, timeout, crash, cancelled"
+    assert (rows(api, "SELECT * FROM pgsched.job_run ORDER BY run_id"), stat(api, a)) == before
