@@ -13,11 +13,13 @@ the checkout lives and whatever its permissions.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -192,6 +194,48 @@ class Cluster:
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.datadir, ignore_errors=True)
+
+    # -- replication ------------------------------------------------------------------
+    def standby(self, datadir: Path, port: int = 0) -> Cluster:
+        """A streaming-replication standby of this running cluster, in `datadir` (not started).
+
+        pg_basebackup -R copies the data and writes standby.signal and primary_conninfo; the
+        copy's configuration is this cluster's, so it gets its own port (`port`, or a free one)
+        and socket directory. A failed primary is re-seeded this way, in its own directory and
+        port, so that a client's multi-host DSN names both servers whichever is the primary.
+        """
+        replica = Cluster(datadir=datadir, port=port or free_port(), settings=dict(self.settings),
+                          bindir=self.bindir, run_as=self.run_as)
+        datadir.parent.mkdir(parents=True, exist_ok=True)
+        self._chown(datadir.parent)
+        self._run([str(self.bindir / "pg_basebackup"), "-h", str(self.socket_dir), "-p", str(self.port),
+                   "-U", SUPERUSER, "-D", str(datadir), "-R", "-X", "stream", "--checkpoint=fast"])
+        with open(datadir / "postgresql.conf", "a") as f:
+            f.write(f"\n# standby of {self.datadir}\nport = {replica.port}\n"
+                    f"unix_socket_directories = '{replica.socket_dir}'\n")
+        (datadir.parent / f"{datadir.name}.json").write_text(json.dumps({"port": replica.port}))
+        return replica
+
+    def promote(self, timeout: float = 30.0) -> None:
+        """Make this standby a primary (pg_ctl promote, waiting until it accepts writes)."""
+        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", str(int(timeout)), "promote"])
+
+    def kill(self) -> None:
+        """kill -9 of the postmaster and every process of it at once: the server as a failed machine
+        leaves it (a postmaster killed alone leaves its backends serving their clients for a while)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return
+        children = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                    if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                        children.append(int(entry))
+        for p in (pid, *children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
 
     # -- internals ----------------------------------------------------------------
     def _install_python_modules(self) -> Path:
