@@ -113,9 +113,13 @@ def _embedded_dsn() -> str:
               help="TOML file of settings; SIGHUP re-reads it.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option("--all-databases", is_flag=True, default=False,
+              help="One scheduler for every database of the DSN's cluster where pgsched is installed, "
+                   "sharing --max-workers between them (the DSN's database is only where to look from).")
 @app_option
 def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | None, crash_wait: float | None,
-          config_file: str | None, log_format: str, log_level: str, apps: tuple[str, ...]) -> None:
+          config_file: str | None, log_format: str, log_level: str, all_databases: bool,
+          apps: tuple[str, ...]) -> None:
     """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
     from pgsched import logs
     from pgsched.config import read_settings_file
@@ -131,6 +135,10 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
         target = resolve_dsn(dsn)
         if target is None:
             target = _embedded_dsn()
+        if all_databases:
+            _serve_all_databases(target, max_workers, shutdown_timeout, crash_wait, config_file, log_format,
+                                 log_level, apps)
+            return
 
         def load() -> Settings:
             from_file = read_settings_file(config_file) if config_file else {}
@@ -143,6 +151,23 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
         scheduler.run()
     except PgschedError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _serve_all_databases(dsn: str, max_workers: int | None, shutdown_timeout: float | None,
+                         crash_wait: float | None, config_file: str | None, log_format: str, log_level: str,
+                         apps: tuple[str, ...]) -> None:
+    """`serve --all-databases`: the launcher (pgsched/multidb.py), each database's scheduler started with
+    this command's other options and its share of --max-workers."""
+    from pgsched.multidb import Launcher
+    from pgsched.scheduler import Settings
+
+    passed = [*(["--shutdown-timeout", str(shutdown_timeout)] if shutdown_timeout is not None else []),
+              *(["--crash-wait", str(crash_wait)] if crash_wait is not None else []),
+              *(["--config", config_file] if config_file else []),
+              "--log-level", log_level, *(a for app in apps for a in ("--app", app))]
+    launcher = Launcher(dsn, max_workers or Settings(dsn=dsn).max_workers, passed, log_format=log_format)
+    launcher.install_signal_handlers()
+    launcher.run()
 
 
 @main.command("run")
