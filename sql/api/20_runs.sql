@@ -11,6 +11,7 @@
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_end_run',
+    '_event',
     '_mark_end',
     '_mark_start',
     '_run_job_end',
@@ -71,6 +72,16 @@ $$;
 -- given or the job was paused meanwhile, else scheduled. This is the only place a run
 -- ends; counters = false closes it without touching the job's counters and times,
 -- for _finish_runs' fallback when they cannot be updated (absurd values written by hand).
+-- The payload of a pgsched_events notification (README "Events"): ids, the outcome and
+-- the plan, never a job's name, message or config (anyone may LISTEN).
+CREATE OR REPLACE FUNCTION pgsched._event(event text, job_id integer, run_id bigint, outcome text,
+                                          attempt integer, plan_time timestamptz)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.json_build_object('event', event, 'job_id', job_id, 'run_id', run_id, 'outcome', outcome,
+                                        'attempt', attempt, 'plan_time', plan_time)::text
+$$;
+
 CREATE OR REPLACE FUNCTION pgsched._end_run(run_id bigint, outcome text, sqlstate text, message text,
                                             next_start timestamptz,
                                             finished_at timestamptz DEFAULT clock_timestamp(),
@@ -151,6 +162,19 @@ BEGIN
     END IF;
     IF _end_run.disable_reason IS NOT NULL AND r.scope = '' THEN
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = r.job_id;
+    END IF;
+    -- Events (README "Events"): a run that ends other than in success, and a job this close
+    -- disables, are announced on pgsched_events. Here, not in a trigger: a success costs one
+    -- boolean test (a NOTIFY per success would serialize commits: the notify queue's lock).
+    -- The payload names ids only; whoever LISTENs reads the details through the views, under
+    -- row-level security.
+    IF NOT ok THEN
+        PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('run_end', r.job_id, r.run_id,
+                                                                      _end_run.outcome, r.attempt, r.plan_time));
+    END IF;
+    IF _end_run.disable_reason IS NOT NULL THEN
+        PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', r.job_id, r.run_id,
+                                                                      _end_run.outcome, r.attempt, r.plan_time));
     END IF;
     -- '' only if the job has no job_stat row, which its trigger rules out: the run is closed all the same.
     RETURN coalesce(new_state, '');
