@@ -237,7 +237,8 @@ class Dispatch(LoopState):
     def _forced_message(self, run: Run, detail: str | None) -> str:
         if run.forced == Outcome.TIMEOUT:
             return f"exceeded max_runtime {run.job.max_runtime}" + (f" ({detail})" if detail else "")
-        return "cancelled by scheduler shutdown" + (f" ({detail})" if detail else "")
+        why = f"cancelled by {run.cancelled_by} (cancel_job)" if run.cancelled_by else "cancelled by scheduler shutdown"
+        return why + (f" ({detail})" if detail else "")
 
     def _terminate_backend(self, run: Run) -> None:
         """Terminate the run's backend (an orphan once its worker is gone); retried after a reconnect."""
@@ -279,7 +280,10 @@ class Dispatch(LoopState):
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
                          consecutive_failures=run.consecutive_failures,
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
-        if disable_reason is not None:
+        if run.manual:
+            # Like run_job: recorded as any run, but the schedule and the job's state are left alone.
+            end = replace(end, next_start=None, disable_reason=None, skipped=(0, None, None))
+        elif disable_reason is not None:
             end = replace(end, next_state=JobState.DISABLED, disable_reason=disable_reason, next_start=None)
         if end.disable_reason:
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)

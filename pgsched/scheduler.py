@@ -28,7 +28,7 @@ import psycopg
 from pgsched import __version__, app, catchup, launcher, schedule
 from pgsched.config import redact
 from pgsched.errors import DeployError, SchemaVersionMismatch, first_line
-from pgsched.recovery import Recovery
+from pgsched.requests import Requests
 from pgsched.settings import Settings
 from pgsched.state import log_change, unusable
 from pgsched.store import Store
@@ -41,8 +41,9 @@ log = logging.getLogger("pgsched.scheduler")
 CATCH_UP_LATE = 1.0
 
 
-class Scheduler(Recovery):
-    """The loop; its parts are in pgsched.dispatch (runs in hand) and pgsched.recovery (leases)."""
+class Scheduler(Requests):
+    """The loop; its parts are in pgsched.dispatch (runs in hand), pgsched.recovery (leases) and
+    pgsched.requests (trigger_job, cancel_job)."""
 
     # -- public ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -113,6 +114,7 @@ class Scheduler(Recovery):
             if self.store.drain_notifies():
                 self.dirty = True
                 self._cancel_deleted_runs()
+                self._take_requests()
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None
@@ -122,6 +124,7 @@ class Scheduler(Recovery):
             self._ensure_workers()
             if not self.stopping:
                 self._claim_due()
+            self._start_triggers()
             self._flush()
         except psycopg.OperationalError as e:
             self._lost_connection(e)
@@ -313,6 +316,9 @@ class Scheduler(Recovery):
                     candidates.append((t - now).total_seconds())
         if self.stopping and self.stop_deadline is not None:
             candidates.append(self.stop_deadline - now_mono)
+        retry = self._trigger_wait()
+        if retry is not None:
+            candidates.append(retry)
         if self.pending:
             candidates.append(0.05 if self.store is None else self._flush_at - now_mono)
         if self.store is not None and self.store.notified:

@@ -15,7 +15,8 @@ DO $grants$
 DECLARE
     public_api constant text[] := ARRAY[
         -- the API (also reachable unqualified through the public wrappers)
-        'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs',
+        'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs', 'trigger_job',
+        'cancel_job',
         'plpython_available',
         -- what the API calls as the invoker
         '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.test_scheduler import Conn, jobs, one, runs_of, serve  # noqa: F401 (fixture)
+from tests.integration.test_scheduler import Conn, one, runs_of, serve
 
 MARKER = "marker"
 
