@@ -36,7 +36,7 @@ def ok_json(*args: str, env: dict[str, str] | None = None) -> Any:
     return json.loads(r.stdout)
 
 
-def execute(dsn: str, statement: str | sql.Composable, params: tuple[Any, ...] | None = None) -> None:
+def execute(dsn: str, statement: str | sql.Composed, params: tuple[Any, ...] | None = None) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(statement, params)
 
