@@ -131,25 +131,40 @@ def _embedded_dsn() -> str:
 @click.option("--crash-wait", type=click.FloatRange(0), default=None,
               help="After start-up, seconds before a job whose run crashed runs again (default 300).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="TOML file of settings; SIGHUP re-reads it.")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+              help="TOML file of settings and of any of these options (dsn without a password); SIGHUP "
+                   "re-reads the settings.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None, help="text (default) or json.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+              help="Default info.")
+@click.option("--http", default=None, metavar="HOST:PORT",
+              help="Serve /metrics (Prometheus), /healthz and /readyz here (needs pgsched[http]); off by default.")
+@click.option("--metrics-max-jobs", type=click.IntRange(0), default=None,
+              help="Above this many jobs, /metrics leaves out the per-job series (default 1000).")
 @app_option
 def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | None, crash_wait: float | None,
-          config_file: str | None, log_format: str, log_level: str, apps: tuple[str, ...]) -> None:
+          config_file: str | None, log_format: str | None, log_level: str | None, http: str | None,
+          metrics_max_jobs: int | None, apps: tuple[str, ...]) -> None:
     """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
     from pgsched import logs
-    from pgsched.config import read_settings_file
+    from pgsched.config import read_serve_options, read_settings_file
     from pgsched.scheduler import Scheduler, Settings
 
-    logs.setup(log_format, log_level)
+    try:
+        # The command line (and PGSCHED_<OPTION>) wins over the file.
+        opts = read_serve_options(config_file) if config_file else {}
+    except PgschedError as e:
+        raise click.ClickException(str(e)) from None
+    logs.setup(log_format or str(opts.get("log_format", "text")), log_level or str(opts.get("log_level", "info")))
+    apps = apps or tuple(opts.get("app", ()))  # type: ignore[arg-type]
+    http = http or opts.get("http")  # type: ignore[assignment]
     _import_apps(apps)
     cli_values: dict[str, object] = {k: v for k, v in {
         "max_workers": max_workers, "shutdown_timeout": shutdown_timeout, "crash_wait": crash_wait,
+        "metrics_max_jobs": metrics_max_jobs,
     }.items() if v is not None}
     cli_values["apps"] = apps
     try:
-        target = resolve_dsn(dsn)
+        target = resolve_dsn(dsn or opts.get("dsn"))  # type: ignore[arg-type]
         if target is None:
             target = _embedded_dsn()
 
@@ -160,8 +175,17 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
         scheduler = Scheduler(load())
         if config_file:
             scheduler.reloader = load
+        server = None
+        if http:
+            from pgsched.httpd import start_http
+
+            server = start_http(http, scheduler)
         scheduler.install_signal_handlers()
-        scheduler.run()
+        try:
+            scheduler.run()
+        finally:
+            if server is not None:
+                server.stop()
     except PgschedError as e:
         raise click.ClickException(str(e)) from None
 

@@ -112,6 +112,8 @@ class Dispatch(LoopState):
         self.runs[run.run_id] = run
         self.runs_started += 1
         lag = (run.started_at - run.plan_time).total_seconds()
+        if self.metrics is not None:
+            self.metrics.run_started(lag)
         log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
                  run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag, worker.pid)
         try:
@@ -264,6 +266,8 @@ class Dispatch(LoopState):
         self.runs.pop(run.run_id, None)
         self.runs_ended += 1
         finish = self.clock.now()
+        if self.metrics is not None:
+            self.metrics.run_ended(outcome, (finish - run.started_at).total_seconds())
         job = run.job
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.

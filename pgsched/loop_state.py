@@ -19,6 +19,7 @@ from datetime import datetime
 from pgsched.clock import Clock, DbClock
 from pgsched.errors import first_line
 from pgsched.launcher import Worker
+from pgsched.metrics import LoopMetrics
 from pgsched.model import Run
 from pgsched.settings import Settings
 from pgsched.store import Finish, Store
@@ -48,6 +49,7 @@ class LoopState:
         self.standby = False
         self.started_mono = time.monotonic()
         self.runs_started = 0
+        self.metrics: LoopMetrics | None = None  # serve --http only (pgsched/metrics.py)
         self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed

@@ -83,7 +83,10 @@ class Scheduler(Requests):
                     log.error("stopping without writing %d run outcome(s): the database is unreachable; the "
                               "next scheduler closes those runs as crashes", len(self.pending))
                     break
+                began = time.monotonic()
                 self._tick()
+                if self.metrics is not None:
+                    self.metrics.ticked(time.monotonic() - began)
                 self._wait()
             self._flush()
         finally:
