@@ -83,7 +83,7 @@ def test_metrics_agree_with_the_catalog(jobs: Conn, served: Served) -> None:
          and not served.sched.pending and not served.sched.runs)
     s = served.samples()
     assert s[("pgsched_up", ())] == 1
-    ended = dict(jobs.execute("SELECT outcome, count(*) FROM job_history "
+    ended: dict[str, int] = dict(jobs.execute("SELECT outcome, count(*) FROM job_history "
                               "WHERE outcome NOT IN ('running', 'queued', 'skipped', 'missed') "
                               "GROUP BY outcome").fetchall())
     assert s[("pgsched_runs_total", (("outcome", "success"),))] == ended["success"]
