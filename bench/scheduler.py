@@ -15,6 +15,7 @@ The scheduler runs as a real subprocess; figures are printed as one JSON object 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -49,13 +50,13 @@ def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s
                      "WHERE j.job_id = s.job_id")
 
 
+# The scheduler's counters, keys of its stats records (pgsched/scheduler.py log_stats) in --log-format json.
+STATS_KEYS = ("runs_started", "runs_ended", "running", "scheduler_transactions", "per_run")
+
+
 def final_stats(log: Path) -> dict[str, float]:
     rec = wait_for_log(log, "scheduler stopped", 30)
-    out = {}
-    for part in rec["msg"].split(": ", 1)[1].split():
-        k, v = part.split("=")
-        out[k] = float(v)
-    return out
+    return {k: float(rec[k]) for k in STATS_KEYS}
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -163,16 +164,24 @@ def throughput(seconds: float = 20.0, workers: int = 8) -> dict[str, Any]:
 
 
 def stats_now(proc: subprocess.Popen[bytes], log: Path) -> dict[str, float]:
-    """Ask the scheduler for its counters (SIGUSR1) and read the line it logs."""
-    seen = log.read_text().count('"stats: ')
+    """Ask the scheduler for its counters (SIGUSR1) and read the keys of the record it logs."""
+    def records() -> list[dict[str, Any]]:
+        out = []
+        for line in log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if rec.get("stats") == "stats":
+                    out.append(rec)
+        return out
+
+    seen = len(records())
     proc.send_signal(signal.SIGUSR1)
     deadline = time.monotonic() + 5
-    while log.read_text().count('"stats: ') == seen:
+    while len(found := records()) == seen:
         if time.monotonic() > deadline:
-            raise TimeoutError("no stats line")
+            raise TimeoutError("no stats record")
         time.sleep(0.01)
-    line = [x for x in log.read_text().splitlines() if '"stats: ' in x][-1]
-    return {k: float(v) for k, v in (p.split("=") for p in json.loads(line)["msg"].split(": ", 1)[1].split())}
+    return {k: float(found[-1][k]) for k in STATS_KEYS}
 
 
 def idle(seconds: float = 60.0) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import signal
 import time
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 
@@ -114,8 +115,10 @@ class Dispatch(LoopState):
         lag = (run.started_at - run.plan_time).total_seconds()
         if self.metrics is not None:
             self.metrics.run_started(lag)
-        log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
-                 run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag, worker.pid)
+        if log.isEnabledFor(logging.INFO):
+            log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
+                     run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag,
+                     worker.pid, extra=self._run_fields(run, "running", None, None))
         try:
             worker.send({
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
@@ -132,6 +135,13 @@ class Dispatch(LoopState):
         except OSError:
             # The worker died between claim and send; reaping it records the crash.
             worker.retiring = True
+
+    def _run_fields(self, run: Run, outcome: str, duration: float | None, sqlstate: str | None) -> dict[str, Any]:
+        """A run's start or end record's own keys (pgsched.logs.RUN_FIELDS), for --log-format json."""
+        return {"job_id": run.job.job_id, "job_name": run.job.job_name, "run_id": run.run_id,
+                "outcome": str(outcome), "duration_s": duration,
+                "lag_s": (run.started_at - run.plan_time).total_seconds(), "sqlstate": sqlstate,
+                "instance_id": self.instance_id, "scope": run.scope or None}
 
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
@@ -272,9 +282,11 @@ class Dispatch(LoopState):
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.
             self.dirty = True  # a worker is free and queued scope runs may be waiting
-            log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
-                     run.scope, outcome, (finish - run.started_at).total_seconds(),
-                     f" error={message!r}" if message else "")
+            if log.isEnabledFor(logging.INFO):
+                duration = (finish - run.started_at).total_seconds()
+                log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
+                         run.scope, outcome, duration, f" error={message!r}" if message else "",
+                         extra=self._run_fields(run, outcome, duration, sqlstate))
             self.pending.append(Finish(
                 run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
                 finished_at=finish, lease_token=run.lease_token, rows_affected=rows_affected, result=result,
@@ -294,8 +306,11 @@ class Dispatch(LoopState):
             # The history row says why this was the last run, besides the job's own error.
             if message != end.disable_reason:
                 message = f"{message} [{end.disable_reason}]" if message else end.disable_reason
-        log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
-                 (finish - run.started_at).total_seconds(), f" error={message!r}" if message else "")
+        if log.isEnabledFor(logging.INFO):
+            duration = (finish - run.started_at).total_seconds()
+            log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
+                     duration, f" error={message!r}" if message else "",
+                     extra=self._run_fields(run, outcome, duration, sqlstate))
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=end.skipped, lease_token=run.lease_token,

@@ -374,8 +374,11 @@ class Scheduler(Requests):
         """One line of counters (also on SIGUSR1). Each scheduler statement is one transaction."""
         statements = self._statements_done + (self.store.statements if self.store is not None else 0)
         per_run = statements / self.runs_ended if self.runs_ended else 0.0
+        counters = {"runs_started": self.runs_started, "runs_ended": self.runs_ended, "running": len(self.runs),
+                    "scheduler_transactions": statements, "per_run": round(per_run, 2)}
         log.info("%s: runs_started=%d runs_ended=%d running=%d scheduler_transactions=%d per_run=%.2f",
-                 what, self.runs_started, self.runs_ended, len(self.runs), statements, per_run)
+                 what, self.runs_started, self.runs_ended, len(self.runs), statements, per_run,
+                 extra={"stats": what, **counters, "instance_id": self.instance_id})
 
 
 def _iso(t: datetime | None) -> str | None:

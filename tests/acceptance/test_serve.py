@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -449,8 +448,21 @@ def test_json_logs_one_start_and_end_per_run(jobs_db: str, serve: ServeFactory) 
     assert s.wait_exit(5) == 0
     records = [json.loads(line) for line in s.log_lines()]
     assert all({"ts", "level", "msg"} <= r.keys() for r in records)
-    starts = Counter(int(m.group(1)) for r in records if (m := re.match(r"run start .*\brun=(\d+)", r["msg"])))
-    ends = Counter(int(m.group(1)) for r in records if (m := re.match(r"run end .*\brun=(\d+)", r["msg"])))
+    # A run's start and end records carry its fields as keys of their own (python-json-logger).
+    starts = Counter(r["run_id"] for r in records if r["msg"].startswith("run start"))
+    ends = Counter(r["run_id"] for r in records if r["msg"].startswith("run end"))
+    fields = {"job_id", "job_name", "run_id", "outcome", "duration_s", "lag_s", "sqlstate", "instance_id"}
+    assert all(fields <= r.keys() for r in records if r["msg"].startswith(("run start", "run end")))
+    instance = query(dsn, "SELECT instance_id FROM pgsched.instance")[0]["instance_id"]
+    for r in records:
+        if r["msg"].startswith("run end"):
+            h = next(h for h in history(dsn, r["job_id"]) if h["run_id"] == r["run_id"])
+            assert (r["outcome"], r["sqlstate"], r["instance_id"]) == (h["outcome"], h["sqlstate"], instance)
+            assert r["job_name"] == query(dsn, "SELECT job_name FROM pgsched.jobs WHERE job_id = %s",
+                                          (r["job_id"],))[0]["job_name"]
+            assert r["duration_s"] >= 0 and r["lag_s"] >= 0
+            if r["job_id"] == other:
+                assert r["duration_s"] >= 0.2
     runs = {h["run_id"] for j in (job, other) for h in history(dsn, j) if h["outcome"] not in ("skipped", "missed")}
     assert len(runs) >= 4
     assert starts == Counter(runs), (starts, runs)
