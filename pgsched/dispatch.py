@@ -185,6 +185,8 @@ class Dispatch(LoopState):
                 self._announced_ready = True
                 log.info("ready: %d workers connected, %.2fs after start", len(self.workers),
                          time.monotonic() - self.started_mono)
+                if self.sd is not None:
+                    self.sd.ready(f"{len(self.workers)} workers connected, instance {self.instance_id}")
         elif isinstance(ev, protocol.Done):
             run = worker.run
             if run is None or run.run_id != ev.run_id:

@@ -21,6 +21,7 @@ from pgsched.errors import first_line
 from pgsched.launcher import Worker
 from pgsched.metrics import LoopMetrics
 from pgsched.model import Run
+from pgsched.sdnotify import Notifier
 from pgsched.settings import Settings
 from pgsched.store import Finish, Store
 
@@ -50,6 +51,7 @@ class LoopState:
         self.started_mono = time.monotonic()
         self.runs_started = 0
         self.metrics: LoopMetrics | None = None  # serve --http only (pgsched/metrics.py)
+        self.sd = Notifier.from_env()  # under systemd Type=notify only (pgsched/sdnotify.py)
         self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed

@@ -50,6 +50,8 @@ class Scheduler(Requests):
         if not self.stopping:
             log.info("stopping: no new runs; waiting up to %ss for %d running", self.settings.shutdown_timeout,
                      len(self.runs))
+        if not self.stopping and self.sd is not None:
+            self.sd.stopping()
         self.stopping = True
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.settings.shutdown_timeout
@@ -87,6 +89,8 @@ class Scheduler(Requests):
                 self._tick()
                 if self.metrics is not None:
                     self.metrics.ticked(time.monotonic() - began)
+                if self.sd is not None:
+                    self.sd.tick()
                 self._wait()
             self._flush()
         finally:
@@ -319,9 +323,9 @@ class Scheduler(Requests):
                     candidates.append((t - now).total_seconds())
         if self.stopping and self.stop_deadline is not None:
             candidates.append(self.stop_deadline - now_mono)
-        retry = self._trigger_wait()
-        if retry is not None:
-            candidates.append(retry)
+        for limit in (self._trigger_wait(), self.sd.wait_limit() if self.sd is not None else None):
+            if limit is not None:
+                candidates.append(limit)
         if self.pending:
             candidates.append(0.05 if self.store is None else self._flush_at - now_mono)
         if self.store is not None and self.store.notified:
