@@ -30,7 +30,7 @@ def test_ready_watchdog_stopping_and_http_from_the_config_file(jobs_db: str, ser
         sock.settimeout(10)
         s = serve(jobs_db, "--config", str(conf), *FAST,
                   env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
-        before = []  # the loop turns (and pings) while its workers connect
+        before: list[str] = []  # the loop turns (and pings) while its workers connect
         while not (msg := sock.recv(1024).decode()).startswith("READY=1"):
             before.append(msg)
         assert msg.startswith("READY=1\nSTATUS=2 workers connected") and set(before) <= {"WATCHDOG=1"}, msg
@@ -38,8 +38,8 @@ def test_ready_watchdog_stopping_and_http_from_the_config_file(jobs_db: str, ser
         pings = 0
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
-            msg = sock.recv(1024)
-            assert msg == b"WATCHDOG=1", msg
+            ping = sock.recv(1024)
+            assert ping == b"WATCHDOG=1", ping
             pings += 1
         assert 4 <= pings <= 10, pings  # every 0.2 s (half of WATCHDOG_USEC)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
@@ -49,7 +49,7 @@ def test_ready_watchdog_stopping_and_http_from_the_config_file(jobs_db: str, ser
         assert "pgsched_up 1.0" in text and 'pgsched_runs_total{outcome="success"}' in text
         assert stats(jobs_db, job)["total_successes"] >= 1
         s.signal(signal.SIGTERM)
-        msgs = []
+        msgs: list[str] = []
         while not any(m.startswith("STOPPING=1") for m in msgs):
             msgs.append(sock.recv(1024).decode())
         assert s.wait_exit(5) == 0
