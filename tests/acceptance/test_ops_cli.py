@@ -195,3 +195,30 @@ def test_python_m_and_help_show_the_environment_variables() -> None:
     assert r.returncode == 0 and "PGSCHED_MAX_WORKERS" in r.stdout and "PGSCHED_CONFIG" in r.stdout
     r = cli("--version")
     assert r.returncode == 0 and "version" in r.stdout
+
+
+def test_a_role_sees_and_acts_on_its_own_jobs_only(dsn: str) -> None:
+    role = f"alice_{uuid.uuid4().hex[:8]}"
+    execute(dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        mine = add_job(dsn, "'tick', '1 hour', job_name => 'mine', initial_start => '2100-01-01 00:00+00'")
+        theirs = add_job(dsn, "'tick', '1 hour', job_name => 'theirs', initial_start => '2100-01-01 00:00+00'")
+        execute(dsn, "UPDATE pgsched.job SET owner = %s::regrole WHERE job_id = %s", (role, mine))
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        as_alice = psycopg.conninfo.make_conninfo(**{**{k: str(v) for k, v in params.items()}, "user": role})
+        assert [r["job_id"] for r in ok_json("jobs", "--dsn", as_alice)] == [mine]
+        r = cli("pause", str(theirs), "--dsn", as_alice)
+        assert r.returncode == 1 and f"'{theirs}' not found" in r.stderr
+        assert stats(dsn, theirs)["state"] == "scheduled"
+        assert cli("pause", "mine", "--dsn", as_alice).returncode == 0
+        assert stats(dsn, mine)["state"] == "disabled"
+        assert [r["job_id"] for r in ok_json("jobs", "--dsn", dsn)] == [mine, theirs]
+    finally:
+        execute(dsn, "DELETE FROM pgsched.job")
+        execute(dsn, sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_database_without_pgsched_is_one_line(empty_db: str) -> None:
+    for args, code in ((["jobs"], 1), (["status"], 2)):
+        r = cli(*args, "--dsn", empty_db)
+        assert r.returncode == code and "run `pgsched init` first" in r.stderr and r.stderr.count("\n") == 1
