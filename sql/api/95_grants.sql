@@ -33,7 +33,10 @@ DECLARE
         '_notify_change', '_job_row_change', '_touch_updated_at', '_derive_schedule_interval',
         '_check_state_change',
         -- the state table, evaluated with the rights of whoever writes job_stat.state (00_internal.sql)
-        '_state_allowed'];
+        '_state_allowed',
+        -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check
+        -- it before anything else, as whichever role runs them
+        '_api'];
     f record;
 BEGIN
     FOR f IN
