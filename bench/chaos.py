@@ -68,7 +68,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICRO = timedelta(microseconds=1)
 Query = str | sql.SQL | sql.Composed
 # The log line of an instance closing another's run (two wordings, before and after leases).
-ABANDONED = re.compile(r"run (\d+) of job (\d+) (?:was abandoned|recorded as a crash)")
 # The messages such a run is closed with.
 ABANDONED_MESSAGES = ("ended before the run did", "before the run ended", "stale lease", "lost track of the run")
 EXCEPTION = re.compile(r"^\w*(?:Error|Exception|Interrupt)\b.*")
@@ -437,9 +436,9 @@ def closers(logs: Sequence[Path]) -> dict[int, Closer]:
             except (ValueError, KeyError, TypeError):
                 continue
             started = started or ts
-            m = ABANDONED.search(str(rec.get("msg", "")))
-            if m:
-                out[int(m.group(1))] = Closer(log.stem, ts, started)
+            # The record of a run closed as abandoned carries its run_id and the cause as keys (pgsched/recovery.py).
+            if rec.get("abandoned") and rec.get("run_id") is not None:
+                out[int(rec["run_id"])] = Closer(log.stem, ts, started)
     return out
 
 

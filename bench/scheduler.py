@@ -7,6 +7,8 @@
     ./dev bench scheduler scale       100,000 jobs: time to ready and RSS
     ./dev bench scheduler mixed       200 SQL jobs and 200 Python handlers: runs/s of each
     ./dev bench scheduler all
+    ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
+
 
 The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
 The scheduler runs as a real subprocess; figures are printed as one JSON object per scenario.
@@ -15,20 +17,24 @@ The scheduler runs as a real subprocess; figures are printed as one JSON object 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from common import children, cluster, cpu_seconds, serve, wait_for_log
 
-from pgsched.embedded import Cluster
+from pgsched.embedded import Cluster, free_port
 
 
 def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s: float, stagger_ms: float = 0) -> None:
@@ -49,13 +55,13 @@ def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s
                      "WHERE j.job_id = s.job_id")
 
 
+# The scheduler's counters, keys of its stats records (pgsched/scheduler.py log_stats) in --log-format json.
+STATS_KEYS = ("runs_started", "runs_ended", "running", "scheduler_transactions", "per_run")
+
+
 def final_stats(log: Path) -> dict[str, float]:
     rec = wait_for_log(log, "scheduler stopped", 30)
-    out = {}
-    for part in rec["msg"].split(": ", 1)[1].split():
-        k, v = part.split("=")
-        out[k] = float(v)
-    return out
+    return {k: float(rec[k]) for k in STATS_KEYS}
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -71,11 +77,40 @@ def rss_mb(pid: int) -> float:
 
 
 # -- scenarios ---------------------------------------------------------------------------------
-def lag(seconds: float = 40.0) -> dict[str, Any]:
+@contextlib.contextmanager
+def scraped(http: bool) -> Iterator[list[str]]:
+    """serve options for --http (on a free port) and, while the block runs, a scrape of /metrics
+    every second (Prometheus' default is 15 s: this costs more than a real deployment)."""
+    if not http:
+        yield []
+        return
+    port = free_port()
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            with contextlib.suppress(OSError), \
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                r.read()
+                scrapes[0] += 1
+
+    t = threading.Thread(target=scrape, daemon=True)
+    t.start()
+    try:
+        yield ["--http", f"127.0.0.1:{port}"]
+    finally:
+        stop.set()
+        t.join()
+        if scrapes[0] == 0:
+            raise RuntimeError("--http: /metrics was never scraped")
+
+
+def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     """1,000 jobs every 10 s, their starts spread evenly over the 10 s (one due every 10 ms)."""
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "10 seconds", fixed=True, delay_s=3, stagger_ms=10)
-        with serve(dsn, "--max-workers", "8"):
+        with scraped(http) as http_args, serve(dsn, "--max-workers", "8", *http_args):
             time.sleep(seconds)
         with psycopg.connect(dsn) as conn:
             # The job records clock_timestamp() as it starts: the actual start. Its plan is the slot it belongs to.
@@ -88,7 +123,7 @@ def lag(seconds: float = 40.0) -> dict[str, Any]:
                                  "WHERE outcome = 'success'").fetchall()
     lags = [float(r[0]) for r in rows]
     claims = [float(r[0]) for r in claim]
-    return {"scenario": "lag", "runs": len(lags), "p50_ms": round(pct(lags, 50), 2),
+    return {"scenario": "lag", "http": http, "runs": len(lags), "p50_ms": round(pct(lags, 50), 2),
             "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
             "claim_p50_ms": round(pct(claims, 50), 2), "claim_p99_ms": round(pct(claims, 99), 2),
             "target": "p50 <= 2 ms, p99 <= 10 ms"}
@@ -141,38 +176,50 @@ def pgbench_tps(c: Cluster, clients: int, seconds: int) -> float:
     raise RuntimeError(out)
 
 
-def throughput(seconds: float = 20.0, workers: int = 8) -> dict[str, Any]:
+def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> dict[str, Any]:
     with cluster() as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
-        with serve(dsn, "--max-workers", str(workers)) as (_, log):
+        with scraped(http) as http_args, serve(dsn, "--max-workers", str(workers), *http_args) as (proc, log):
             wait_for_log(log, "ready:", 30)
             time.sleep(2)
             with psycopg.connect(dsn, autocommit=True) as conn:
                 def runs() -> int:
                     r = conn.execute("SELECT count(*) FROM pgsched.job_run WHERE outcome = 'success'").fetchone()
                     return int(r[0]) if r else 0
-                n0, t0 = runs(), time.monotonic()
+                n0, t0, c0 = runs(), time.monotonic(), cpu_seconds(proc.pid)
                 time.sleep(seconds)
-                n1, t1 = runs(), time.monotonic()
+                n1, t1, c1 = runs(), time.monotonic(), cpu_seconds(proc.pid)
         stats = final_stats(log)
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
-    return {"scenario": "throughput", "runs_per_s": round(rate, 1), "pgbench_runs_per_s_same_sql": round(bench, 1),
+    return {"scenario": "throughput", "http": http, "runs_per_s": round(rate, 1),
+            "pgbench_runs_per_s_same_sql": round(bench, 1),
+            # The scheduler process's own CPU per run (its workers not included): less noisy than runs/s
+            # on a shared machine, and where the cost of --http would show.
+            "scheduler_cpu_us_per_run": round(1e6 * (c1 - c0) / max(n1 - n0, 1), 1),
             "ratio": round(rate / bench, 3), "scheduler_transactions_per_run": stats.get("per_run"),
             "workers": workers, "target": ">= 1000 runs/s and >= 0.5 x pgbench; <= 2 scheduler transactions/run"}
 
 
 def stats_now(proc: subprocess.Popen[bytes], log: Path) -> dict[str, float]:
-    """Ask the scheduler for its counters (SIGUSR1) and read the line it logs."""
-    seen = log.read_text().count('"stats: ')
+    """Ask the scheduler for its counters (SIGUSR1) and read the keys of the record it logs."""
+    def records() -> list[dict[str, Any]]:
+        out = []
+        for line in log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if rec.get("stats") == "stats":
+                    out.append(rec)
+        return out
+
+    seen = len(records())
     proc.send_signal(signal.SIGUSR1)
     deadline = time.monotonic() + 5
-    while log.read_text().count('"stats: ') == seen:
+    while len(found := records()) == seen:
         if time.monotonic() > deadline:
-            raise TimeoutError("no stats line")
+            raise TimeoutError("no stats record")
         time.sleep(0.01)
-    line = [x for x in log.read_text().splitlines() if '"stats: ' in x][-1]
-    return {k: float(v) for k, v in (p.split("=") for p in json.loads(line)["msg"].split(": ", 1)[1].split())}
+    return {k: float(found[-1][k]) for k in STATS_KEYS}
 
 
 def idle(seconds: float = 60.0) -> dict[str, Any]:
@@ -249,11 +296,42 @@ SCENARIOS = {"lag": lag, "burst": burst, "throughput": throughput, "idle": idle,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=[*SCENARIOS, "all"])
+    ap.add_argument("--http", choices=["off", "on", "both"], default="off",
+                    help="lag and throughput: serve --http (scraped every second); both: off and on in turn "
+                         "(off-on, on-off, ...), --rounds pairs, then the mean of each")
+    ap.add_argument("--rounds", type=int, default=1, help="with --http both: how many off/on pairs")
     args = ap.parse_args()
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
-        result = SCENARIOS[name]()
-        print(json.dumps(result), flush=True)
+        if name not in HTTP_SCENARIOS or args.http != "both":
+            kwargs = {"http": args.http == "on"} if name in HTTP_SCENARIOS else {}
+            print(json.dumps((HTTP_RUNS.get(name) or SCENARIOS[name])(**kwargs)), flush=True)
+            continue
+        results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        for i in range(args.rounds):
+            # off, on, then on, off, ...: the second of a pair is not always the same one.
+            for http in ((False, True) if i % 2 == 0 else (True, False)):
+                r = HTTP_RUNS[name](http=http)
+                print(json.dumps(r), flush=True)
+                results[http].append(r)
+        print(json.dumps(compare(name, results)), flush=True)
+
+
+# The scenarios that take http=, and the figure each compares with it on and off.
+HTTP_SCENARIOS = {"throughput": ("runs_per_s", "ratio", "scheduler_cpu_us_per_run"),
+                  "lag": ("p50_ms", "p99_ms", "max_ms")}
+HTTP_RUNS: dict[str, Callable[..., dict[str, Any]]] = {"throughput": throughput, "lag": lag}
+
+
+def compare(name: str, results: dict[bool, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The mean of each figure with --http off and on, and the change in percent."""
+    out: dict[str, Any] = {"scenario": f"{name} http off vs on", "rounds": len(results[False])}
+    for key in HTTP_SCENARIOS[name]:
+        off = statistics.mean(r[key] for r in results[False])
+        on = statistics.mean(r[key] for r in results[True])
+        out[key] = {"off": round(off, 2), "on": round(on, 2),
+                    "change_percent": round(100 * (on - off) / off, 1) if off else None}
+    return out
 
 
 

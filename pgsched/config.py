@@ -49,11 +49,17 @@ FILE_SETTINGS: dict[str, type] = {
     "heartbeat_interval": float,
     "dead_after": float,
     "terminate_grace": float,
+    "metrics_max_jobs": int,
 }
 
 
-def read_settings_file(path: str) -> dict[str, object]:
-    """The scheduler settings in a TOML file, checked by name and type."""
+# `serve` options a --config file may hold besides the settings (read once, at start: a
+# SIGHUP re-reads only FILE_SETTINGS). The DSN only without a password: a settings file is
+# rarely guarded like a secret; the password goes in PGPASSWORD, ~/.pgpass or a service file.
+SERVE_OPTIONS: dict[str, type] = {"dsn": str, "log_format": str, "log_level": str, "app": list, "http": str}
+
+
+def _load_toml(path: str) -> dict[str, object]:
     import tomllib
 
     from pgsched.errors import ConfigError
@@ -63,12 +69,51 @@ def read_settings_file(path: str) -> dict[str, object]:
             data = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read settings file {path}: {e}") from None
+    return data
+
+
+def read_settings_file(path: str) -> dict[str, object]:
+    """The scheduler settings in a TOML file, checked by name and type."""
+    from pgsched.errors import ConfigError
+
     out: dict[str, object] = {}
-    for key, value in data.items():
+    for key, value in _load_toml(path).items():
+        if key in SERVE_OPTIONS:
+            continue
         kind = FILE_SETTINGS.get(key)
         if kind is None:
-            raise ConfigError(f"{path}: unknown setting {key!r}; known: {', '.join(sorted(FILE_SETTINGS))}")
+            raise ConfigError(f"{path}: unknown setting {key!r}; known: "
+                              f"{', '.join(sorted([*FILE_SETTINGS, *SERVE_OPTIONS]))}")
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{path}: {key} must be a positive number, not {value!r}")
         out[key] = kind(value)
+    return out
+
+
+def read_serve_options(path: str) -> dict[str, object]:
+    """The `serve` options in a TOML settings file (SERVE_OPTIONS), checked by type; a DSN
+    holding a password is refused."""
+    from pgsched.errors import ConfigError
+
+    out: dict[str, object] = {}
+    for key, value in _load_toml(path).items():
+        kind = SERVE_OPTIONS.get(key)
+        if kind is None:
+            continue
+        if kind is list:
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{path}: {key} must be a module name or a list of them, not {value!r}")
+        elif not isinstance(value, kind):
+            raise ConfigError(f"{path}: {key} must be a string, not {value!r}")
+        if key == "dsn":
+            try:
+                has_password = "password" in psycopg.conninfo.conninfo_to_dict(str(value))
+            except psycopg.ProgrammingError:
+                raise ConfigError(f"{path}: dsn is not a valid libpq connection string") from None
+            if has_password:
+                raise ConfigError(f"{path}: the dsn may not hold a password (a settings file is no place for a "
+                                  "secret): use PGPASSWORD, a ~/.pgpass file or a service file")
+        out[key] = value
     return out

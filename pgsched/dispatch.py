@@ -11,6 +11,7 @@ import signal
 import time
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 
@@ -112,8 +113,12 @@ class Dispatch(LoopState):
         self.runs[run.run_id] = run
         self.runs_started += 1
         lag = (run.started_at - run.plan_time).total_seconds()
-        log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
-                 run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag, worker.pid)
+        if self.metrics is not None:
+            self.metrics.run_started(lag)
+        if log.isEnabledFor(logging.INFO):
+            log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
+                     run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag,
+                     worker.pid, extra=self._run_fields(run, "running", None, None))
         try:
             worker.send({
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
@@ -130,6 +135,13 @@ class Dispatch(LoopState):
         except OSError:
             # The worker died between claim and send; reaping it records the crash.
             worker.retiring = True
+
+    def _run_fields(self, run: Run, outcome: str, duration: float | None, sqlstate: str | None) -> dict[str, Any]:
+        """A run's start or end record's own keys (pgsched.logs.RUN_FIELDS), for --log-format json."""
+        return {"job_id": run.job.job_id, "job_name": run.job.job_name, "run_id": run.run_id,
+                "outcome": str(outcome), "duration_s": duration,
+                "lag_s": (run.started_at - run.plan_time).total_seconds(), "sqlstate": sqlstate,
+                "instance_id": self.instance_id, "scope": run.scope or None}
 
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
@@ -173,6 +185,8 @@ class Dispatch(LoopState):
                 self._announced_ready = True
                 log.info("ready: %d workers connected, %.2fs after start", len(self.workers),
                          time.monotonic() - self.started_mono)
+                if self.sd is not None:
+                    self.sd.ready(f"{len(self.workers)} workers connected, instance {self.instance_id}")
         elif isinstance(ev, protocol.Done):
             run = worker.run
             if run is None or run.run_id != ev.run_id:
@@ -237,7 +251,8 @@ class Dispatch(LoopState):
     def _forced_message(self, run: Run, detail: str | None) -> str:
         if run.forced == Outcome.TIMEOUT:
             return f"exceeded max_runtime {run.job.max_runtime}" + (f" ({detail})" if detail else "")
-        return "cancelled by scheduler shutdown" + (f" ({detail})" if detail else "")
+        why = f"cancelled by {run.cancelled_by} (cancel_job)" if run.cancelled_by else "cancelled by scheduler shutdown"
+        return why + (f" ({detail})" if detail else "")
 
     def _terminate_backend(self, run: Run) -> None:
         """Terminate the run's backend (an orphan once its worker is gone); retried after a reconnect."""
@@ -263,13 +278,17 @@ class Dispatch(LoopState):
         self.runs.pop(run.run_id, None)
         self.runs_ended += 1
         finish = self.clock.now()
+        if self.metrics is not None:
+            self.metrics.run_ended(outcome, (finish - run.started_at).total_seconds())
         job = run.job
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.
             self.dirty = True  # a worker is free and queued scope runs may be waiting
-            log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
-                     run.scope, outcome, (finish - run.started_at).total_seconds(),
-                     f" error={message!r}" if message else "")
+            if log.isEnabledFor(logging.INFO):
+                duration = (finish - run.started_at).total_seconds()
+                log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
+                         run.scope, outcome, duration, f" error={message!r}" if message else "",
+                         extra=self._run_fields(run, outcome, duration, sqlstate))
             self.pending.append(Finish(
                 run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
                 finished_at=finish, lease_token=run.lease_token, rows_affected=rows_affected, result=result,
@@ -279,15 +298,21 @@ class Dispatch(LoopState):
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
                          consecutive_failures=run.consecutive_failures,
                          consecutive_crashes=run.consecutive_crashes, message=message, rng=self.rng)
-        if disable_reason is not None:
+        if run.manual:
+            # Like run_job: recorded as any run, but the schedule and the job's state are left alone.
+            end = replace(end, next_start=None, disable_reason=None, skipped=(0, None, None))
+        elif disable_reason is not None:
             end = replace(end, next_state=JobState.DISABLED, disable_reason=disable_reason, next_start=None)
         if end.disable_reason:
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
             # The history row says why this was the last run, besides the job's own error.
             if message != end.disable_reason:
                 message = f"{message} [{end.disable_reason}]" if message else end.disable_reason
-        log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
-                 (finish - run.started_at).total_seconds(), f" error={message!r}" if message else "")
+        if log.isEnabledFor(logging.INFO):
+            duration = (finish - run.started_at).total_seconds()
+            log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
+                     duration, f" error={message!r}" if message else "",
+                     extra=self._run_fields(run, outcome, duration, sqlstate))
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=end.skipped, lease_token=run.lease_token,

@@ -1,30 +1,45 @@
-"""Log set-up: plain text or one JSON object per line (--log-format json)."""
+"""Log set-up: plain text, or one JSON object per line (--log-format json, python-json-logger).
+
+A JSON record has ts, level, logger and msg, plus whatever the call passed as `extra`: the
+scheduler's run start and end records carry RUN_FIELDS as keys of their own, so a program
+reads them without parsing the message (bench/ does).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter
+
+# The keys of a run's start and end records (pgsched/dispatch.py): what each holds.
+RUN_FIELDS = ("job_id", "job_name", "run_id", "outcome", "duration_s", "lag_s", "sqlstate", "instance_id")
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
+class PgschedJsonFormatter(JsonFormatter):
+    """python-json-logger with pgsched's key names: ts (UTC, ms), level (lower case), logger, msg."""
+
+    def __init__(self) -> None:
+        super().__init__("{asctime}{levelname}{name}{message}", style="{",
+                         rename_fields={"asctime": "ts", "levelname": "level", "name": "logger", "message": "msg"},
+                         json_ensure_ascii=False)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+
+    def add_fields(self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]) -> None:
+        super().add_fields(log_data, record, message_dict)
+        log_data["level"] = record.levelname.lower()
+        if record.exc_info and "exc" not in log_data:
+            log_data["exc"] = log_data.pop("exc_info", None) or self.formatException(record.exc_info)
 
 
 def setup(fmt: str = "text", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(PgschedJsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -19,7 +19,9 @@ from datetime import datetime
 from pgsched.clock import Clock, DbClock
 from pgsched.errors import first_line
 from pgsched.launcher import Worker
+from pgsched.metrics import LoopMetrics
 from pgsched.model import Run
+from pgsched.sdnotify import Notifier
 from pgsched.settings import Settings
 from pgsched.store import Finish, Store
 
@@ -48,9 +50,13 @@ class LoopState:
         self.standby = False
         self.started_mono = time.monotonic()
         self.runs_started = 0
+        self.metrics: LoopMetrics | None = None  # serve --http only (pgsched/metrics.py)
+        self.sd = Notifier.from_env()  # under systemd Type=notify only (pgsched/sdnotify.py)
         self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed
+        # trigger_job requests not started yet (pgsched.requests): (job_id, plan_time) -> give up at (monotonic)
+        self._triggers: dict[tuple[int, datetime], float] = {}
         self._orphans: list[str] = []  # application_names of runs whose backends are still to terminate
         self._hold_claims_until = 0.0
         self._flush_at = 0.0  # after a close the database refused: when to try again

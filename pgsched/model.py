@@ -104,6 +104,8 @@ class Run:
     terminate_at: datetime | None = None  # when a cancelled run gets terminated/killed
     forced: str | None = None  # 'timeout' or 'cancelled' once the scheduler decided to stop the run
     pids_changed: bool = False  # another worker or backend than the claim recorded ran it
+    manual: bool = False  # started by trigger_job: its end leaves the schedule as it is (like run_job)
+    cancelled_by: str | None = None  # the role whose cancel_job request stopped it
 
     @property
     def fans_out(self) -> bool:

@@ -125,7 +125,9 @@ class Recovery(Dispatch):
     def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
         self._terminate_abandoned_backend(a)
         why = _ABANDONED[a.cause].format(holder=a.holder, dead_after=self.settings.dead_after)
-        log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why)
+        log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why,
+                    extra={"run_id": a.run_id, "job_id": a.job_id, "outcome": "crash", "abandoned": str(a.cause),
+                           "instance_id": self.instance_id})
         if a.scope:
             # One scope of a plan: its end does not move the job's schedule (its plan run's does).
             return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=why, next_start=None,

@@ -28,7 +28,7 @@ import psycopg
 from pgsched import __version__, app, catchup, launcher, schedule
 from pgsched.config import redact
 from pgsched.errors import DeployError, SchemaVersionMismatch, first_line
-from pgsched.recovery import Recovery
+from pgsched.requests import Requests
 from pgsched.settings import Settings
 from pgsched.state import log_change, unusable
 from pgsched.store import Store
@@ -41,14 +41,17 @@ log = logging.getLogger("pgsched.scheduler")
 CATCH_UP_LATE = 1.0
 
 
-class Scheduler(Recovery):
-    """The loop; its parts are in pgsched.dispatch (runs in hand) and pgsched.recovery (leases)."""
+class Scheduler(Requests):
+    """The loop; its parts are in pgsched.dispatch (runs in hand), pgsched.recovery (leases) and
+    pgsched.requests (trigger_job, cancel_job)."""
 
     # -- public ---------------------------------------------------------------------------
     def request_stop(self) -> None:
         if not self.stopping:
             log.info("stopping: no new runs; waiting up to %ss for %d running", self.settings.shutdown_timeout,
                      len(self.runs))
+        if not self.stopping and self.sd is not None:
+            self.sd.stopping()
         self.stopping = True
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.settings.shutdown_timeout
@@ -82,7 +85,12 @@ class Scheduler(Recovery):
                     log.error("stopping without writing %d run outcome(s): the database is unreachable; the "
                               "next scheduler closes those runs as crashes", len(self.pending))
                     break
+                began = time.monotonic()
                 self._tick()
+                if self.metrics is not None:
+                    self.metrics.ticked(time.monotonic() - began)
+                if self.sd is not None:
+                    self.sd.tick()
                 self._wait()
             self._flush()
         finally:
@@ -113,6 +121,7 @@ class Scheduler(Recovery):
             if self.store.drain_notifies():
                 self.dirty = True
                 self._cancel_deleted_runs()
+                self._take_requests()
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None
@@ -122,6 +131,7 @@ class Scheduler(Recovery):
             self._ensure_workers()
             if not self.stopping:
                 self._claim_due()
+            self._start_triggers()
             self._flush()
         except psycopg.OperationalError as e:
             self._lost_connection(e)
@@ -313,6 +323,9 @@ class Scheduler(Recovery):
                     candidates.append((t - now).total_seconds())
         if self.stopping and self.stop_deadline is not None:
             candidates.append(self.stop_deadline - now_mono)
+        for limit in (self._trigger_wait(), self.sd.wait_limit() if self.sd is not None else None):
+            if limit is not None:
+                candidates.append(limit)
         if self.pending:
             candidates.append(0.05 if self.store is None else self._flush_at - now_mono)
         if self.store is not None and self.store.notified:
@@ -365,8 +378,11 @@ class Scheduler(Recovery):
         """One line of counters (also on SIGUSR1). Each scheduler statement is one transaction."""
         statements = self._statements_done + (self.store.statements if self.store is not None else 0)
         per_run = statements / self.runs_ended if self.runs_ended else 0.0
+        counters = {"runs_started": self.runs_started, "runs_ended": self.runs_ended, "running": len(self.runs),
+                    "scheduler_transactions": statements, "per_run": round(per_run, 2)}
         log.info("%s: runs_started=%d runs_ended=%d running=%d scheduler_transactions=%d per_run=%.2f",
-                 what, self.runs_started, self.runs_ended, len(self.runs), statements, per_run)
+                 what, self.runs_started, self.runs_ended, len(self.runs), statements, per_run,
+                 extra={"stats": what, **counters, "instance_id": self.instance_id})
 
 
 def _iso(t: datetime | None) -> str | None:

@@ -31,6 +31,8 @@ class Settings:
     # Modules with @pgsched.job handlers: imported by the workers; their jobs are claimed only here
     # and on other instances that loaded them.
     apps: tuple[str, ...] = ()
+    # serve --http: above this many jobs, /metrics leaves out the per-job series (pgsched/httpd.py).
+    metrics_max_jobs: int = 1000
 
     def __post_init__(self) -> None:
         # A lease renewed every heartbeat_interval must not be judged stale by dead_after in

@@ -34,6 +34,7 @@ from pgsched.state import AbandonedCause
 log = logging.getLogger("pgsched.store")
 
 CHANNEL = "pgsched_catalog"
+REQUEST_PREFIXES = ("trigger:", "cancel:")
 
 
 @lru_cache(maxsize=4096)
@@ -180,6 +181,7 @@ class Store:
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
         self._notified = 0
+        self.requests: list[str] = []  # payloads of trigger_job / cancel_job, not acted on yet
         self.conn.add_notify_handler(self._on_notify)
         # A standby refuses LISTEN (it cannot queue notifications): the scheduler
         # calls listen() when the server is promoted.
@@ -264,8 +266,14 @@ class Store:
         self._execute("SELECT pg_catalog.pg_notify(%s, 'instance:stopping')", (CHANNEL,))
 
     # -- notifications -------------------------------------------------------------
-    def _on_notify(self, _n: psycopg.Notify) -> None:
+    def _on_notify(self, n: psycopg.Notify) -> None:
         self._notified += 1
+        self._note(n.payload)
+
+    def _note(self, payload: str) -> None:
+        # trigger_job and cancel_job ask through the payload (sql/api/50_requests.sql).
+        if payload.startswith(REQUEST_PREFIXES):
+            self.requests.append(payload)
 
     @property
     def notified(self) -> bool:
@@ -280,8 +288,9 @@ class Store:
         r, _, _ = select.select([pg.socket], [], [], 0)
         if r:
             pg.consume_input()
-        while pg.notifies() is not None:
+        while (note := pg.notifies()) is not None:
             n += 1
+            self._note(note.extra.decode(errors="replace"))
         return n
 
     # -- planning -------------------------------------------------------------
@@ -395,6 +404,17 @@ class Store:
             "scopes": f.scopes, "schedule_delay_s": f.schedule_delay,
         } for f in finishes]
         return self._execute("SELECT * FROM pgsched._close_runs(%s)", (Jsonb(payload),))
+
+    def start_manual(self, instance_id: int, job_id: int, plan_time: datetime,
+                     worker: tuple[int, int]) -> Claimed | None:
+        """Start the manual run trigger_job asked for (pgsched._start_manual_v2) on this worker; None:
+        not ours to start. Raises psycopg.errors.ObjectInUse while the job has a run in progress."""
+        row = self._execute("SELECT * FROM pgsched._start_manual_v2(%s, %s, %s, %s, %s, %s)",
+                            (instance_id, job_id, plan_time, worker[0], worker[1], self.code_modules)).fetchone()
+        if row is None:
+            return None
+        self._anchor(row["db_now"])
+        return _claimed_from_row(row)
 
     def disable(self, job_id: int, reason: str) -> str | None:
         """Disable a job that cannot run; its state after (None: the job is gone)."""

@@ -12,6 +12,7 @@
 SELECT pgsched._drop_functions(ARRAY[
     '_end_run',
     '_end_runs',
+    '_event',
     '_mark_end',
     '_mark_start',
     '_run_job_end',
@@ -61,6 +62,16 @@ BEGIN
 END
 $$;
 
+-- The payload of a pgsched_events notification (README "Events"): ids, the outcome and
+-- the plan, never a job's name, message or config (anyone may LISTEN).
+CREATE OR REPLACE FUNCTION pgsched._event(event text, job_id integer, run_id bigint, outcome text,
+                                          attempt integer, plan_time timestamptz)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.json_build_object('event', event, 'job_id', job_id, 'run_id', run_id, 'outcome', outcome,
+                                        'attempt', attempt, 'plan_time', plan_time)::text
+$$;
+
 -- Close runs: one writer of a run's end and of what it does to its job. Each element of
 -- `ends` (a jsonb array) closes one run: run_id, outcome (success | failure | timeout |
 -- crash | cancelled), sqlstate, message, rows_affected, result, finished_at, next_start
@@ -103,7 +114,8 @@ BEGIN
                 lease_token bigint, schedule_delay_s float8)
         ), r AS (
             -- The runs still open to this close, locked in one order (no deadlock between two closes).
-            SELECT jr.run_id, jr.job_id, jr.scope, jr.started_at, e.outcome, e.sqlstate, e.message,
+            SELECT jr.run_id, jr.job_id, jr.scope, jr.started_at, jr.attempt, jr.plan_time, e.outcome, e.sqlstate,
+                   e.message,
                    e.rows_affected, e.result, e.disable_reason,
                    -- One clock stamps a run; never let a finish precede its start.
                    greatest(coalesce(e.finished_at, pg_catalog.clock_timestamp()), jr.started_at) AS fin,
@@ -176,7 +188,7 @@ BEGIN
             RETURNING s.job_id, s.state, p.disable_reason IS NOT NULL AND p.plan_run IS NOT NULL AS disable
         )
         SELECT r.run_id, r.job_id, r.scope, r.outcome, b.state AS old_state, a.state AS new_state,
-               coalesce(a.disable, false) AS disable
+               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time
           FROM r
           LEFT JOIN before b ON b.job_id = r.job_id
           LEFT JOIN after a ON a.job_id = r.job_id
@@ -184,8 +196,19 @@ BEGIN
         run_id := c.run_id; job_id := c.job_id; scope := c.scope; outcome := c.outcome;
         old_state := c.old_state; new_state := c.new_state;
         RETURN NEXT;
+        -- Events (README "Events"): a run that ends other than in success, and a job this close
+        -- disables, are announced on pgsched_events. Here, not in a trigger: a success costs one
+        -- test (a NOTIFY per success would serialize commits on the notify queue's lock). The
+        -- payload names ids only; whoever LISTENs reads the details through the views, under
+        -- row-level security.
+        IF c.outcome <> 'success' THEN
+            PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('run_end', c.job_id, c.run_id,
+                                                                          c.outcome, c.attempt, c.plan_time));
+        END IF;
         IF c.disable THEN
             disable := disable || c.job_id;
+            PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', c.job_id, c.run_id,
+                                                                          c.outcome, c.attempt, c.plan_time));
         END IF;
     END LOOP;
     IF disable <> '{}' THEN

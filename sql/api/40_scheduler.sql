@@ -525,6 +525,10 @@ CREATE OR REPLACE FUNCTION pgsched._disable_job_v2(job_id integer, reason text)
 RETURNS text LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = _disable_job_v2.job_id;
+    -- A job_disabled event (README "Events"); no run is involved.
+    SELECT pg_catalog.pg_notify('pgsched_events',
+                                pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL))
+      FROM pgsched.job j WHERE j.job_id = _disable_job_v2.job_id;
     UPDATE pgsched.job_stat s SET disabled_reason = reason,
            state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
      WHERE s.job_id = _disable_job_v2.job_id

@@ -79,6 +79,8 @@ BEGIN
            SET disabled_reason = format('%s.%s is no longer in the code of module %s (deployed %s)',
                                         j.code_module, j.code_function, j.code_module, now())
          WHERE st.job_id = j.job_id;
+        PERFORM pg_catalog.pg_notify('pgsched_events',
+                                     pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL));
         job_id := j.job_id; job_name := j.job_name; action := 'disabled';
         RETURN NEXT;
     END LOOP;

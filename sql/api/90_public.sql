@@ -7,7 +7,7 @@ DO $gen$
 DECLARE
     marker constant text := 'pgsched API wrapper';
     api_functions constant text[] := ARRAY['add_job', 'alter_job', 'delete_job', 'run_job', 'schedule',
-                                           'unschedule', 'next_runs'];
+                                           'unschedule', 'next_runs', 'trigger_job', 'cancel_job'];
     api_views constant text[] := ARRAY['jobs', 'job_stats', 'job_history'];
     p record;
     v text;

@@ -15,7 +15,8 @@ DO $grants$
 DECLARE
     public_api constant text[] := ARRAY[
         -- the API (also reachable unqualified through the public wrappers)
-        'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs',
+        'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs', 'trigger_job',
+        'cancel_job',
         'plpython_available',
         -- what the API calls as the invoker
         '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',
@@ -32,7 +33,10 @@ DECLARE
         '_notify_change', '_job_row_change', '_touch_updated_at', '_derive_schedule_interval',
         '_check_state_change',
         -- the state table, evaluated with the rights of whoever writes job_stat.state (00_internal.sql)
-        '_state_allowed'];
+        '_state_allowed',
+        -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check
+        -- it before anything else, as whichever role runs them
+        '_api'];
     f record;
 BEGIN
     FOR f IN

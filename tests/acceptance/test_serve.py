@@ -8,14 +8,16 @@ pg_stat_activity that no backend of a dead run is left executing.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
@@ -449,8 +451,21 @@ def test_json_logs_one_start_and_end_per_run(jobs_db: str, serve: ServeFactory) 
     assert s.wait_exit(5) == 0
     records = [json.loads(line) for line in s.log_lines()]
     assert all({"ts", "level", "msg"} <= r.keys() for r in records)
-    starts = Counter(int(m.group(1)) for r in records if (m := re.match(r"run start .*\brun=(\d+)", r["msg"])))
-    ends = Counter(int(m.group(1)) for r in records if (m := re.match(r"run end .*\brun=(\d+)", r["msg"])))
+    # A run's start and end records carry its fields as keys of their own (python-json-logger).
+    starts = Counter(r["run_id"] for r in records if r["msg"].startswith("run start"))
+    ends = Counter(r["run_id"] for r in records if r["msg"].startswith("run end"))
+    fields = {"job_id", "job_name", "run_id", "outcome", "duration_s", "lag_s", "sqlstate", "instance_id"}
+    assert all(fields <= r.keys() for r in records if r["msg"].startswith(("run start", "run end")))
+    instance = query(dsn, "SELECT instance_id FROM pgsched.instance")[0]["instance_id"]
+    for r in records:
+        if r["msg"].startswith("run end"):
+            h = next(h for h in history(dsn, r["job_id"]) if h["run_id"] == r["run_id"])
+            assert (r["outcome"], r["sqlstate"], r["instance_id"]) == (h["outcome"], h["sqlstate"], instance)
+            assert r["job_name"] == query(dsn, "SELECT job_name FROM pgsched.jobs WHERE job_id = %s",
+                                          (r["job_id"],))[0]["job_name"]
+            assert r["duration_s"] >= 0 and r["lag_s"] >= 0
+            if r["job_id"] == other:
+                assert r["duration_s"] >= 0.2
     runs = {h["run_id"] for j in (job, other) for h in history(dsn, j) if h["outcome"] not in ("skipped", "missed")}
     assert len(runs) >= 4
     assert starts == Counter(runs), (starts, runs)
@@ -487,6 +502,14 @@ def standby(pg_server: PgServer) -> Iterator[Cluster]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
 def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve: ServeFactory) -> None:
     dsn = jobs_db
     job = add_job(dsn, "'tick', '1 hour'")
@@ -497,10 +520,17 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
              10, "the job to replicate")
     assert query(replica, "SELECT pg_is_in_recovery() AS r")[0]["r"]
 
-    s = serve(replica, "--max-workers", "2", *FAST, wait_instance=False)
+    # /readyz says "not ready" on a standby and "ready" once promoted (with pgsched[http]).
+    http = importlib.util.find_spec("prometheus_client") is not None
+    port = free_port()
+    s = serve(replica, "--max-workers", "2", *FAST, *(["--http", f"127.0.0.1:{port}"] if http else []),
+              wait_instance=False)
     s.wait_log("standby", 5)
     time.sleep(1)
     assert s.proc.poll() is None, s.log()
+    if http:
+        assert get(port, "/readyz") == (503, "the server is a standby (read-only)\n")
+        assert get(port, "/healthz")[0] == 200
     assert history(replica, job) == []
     assert stats(replica, job)["total_runs"] == 0
 
@@ -518,6 +548,8 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
     # Promotion is noticed by polling pg_is_in_recovery() every 5 s (standby_poll).
     assert (history(replica, job)[0]["started_at"] - promoted).total_seconds() < 7
     assert "promoted" in s.log()
+    if http:
+        assert get(port, "/readyz") == (200, "ready\n")
     # The primary never saw a run: the standby's scheduler wrote only to the promoted server.
     assert history(dsn, job) == []
 

@@ -29,3 +29,17 @@ def module_api(pg_server: PgServer) -> Iterator[Conn]:
             yield c
     finally:
         pg_server.drop_db(name)
+
+
+@pytest.fixture
+def jobs(conn: Conn) -> Conn:
+    """`conn` with a table `hits` and job targets: hit (inserts a row), fail (22012), nap (sleeps config.s)."""
+    conn.execute("CREATE TABLE hits (job_id int, at timestamptz DEFAULT clock_timestamp())")
+    conn.execute("""CREATE PROCEDURE public.hit(job_id int, config jsonb) LANGUAGE sql
+                    AS $$ INSERT INTO hits (job_id) VALUES (job_id) $$""")
+    conn.execute("""CREATE FUNCTION public.fail(job_id int, config jsonb) RETURNS void LANGUAGE plpgsql
+                    AS $$ BEGIN RAISE EXCEPTION 'fail %', job_id USING ERRCODE = '22012'; END $$""")
+    conn.execute("""CREATE PROCEDURE public.nap(job_id int, config jsonb) LANGUAGE plpgsql
+                    AS $$ BEGIN PERFORM pg_sleep((config->>'s')::float8);
+                          INSERT INTO hits (job_id) VALUES (job_id); END $$""")
+    return conn

@@ -9,7 +9,6 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-import pytest
 
 from pgsched.scheduler import Scheduler, Settings
 
@@ -34,19 +33,6 @@ def runs_of(conn: Conn, job_id: int, outcome: str | None = None) -> int:
         return int(one(conn, "SELECT count(*) FROM pgsched.job_run "
                              "WHERE job_id = %s AND outcome NOT IN ('skipped', 'missed')", job_id))
     return int(one(conn, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = %s", job_id, outcome))
-
-
-@pytest.fixture
-def jobs(conn: Conn) -> Conn:
-    conn.execute("CREATE TABLE hits (job_id int, at timestamptz DEFAULT clock_timestamp())")
-    conn.execute("""CREATE PROCEDURE public.hit(job_id int, config jsonb) LANGUAGE sql
-                    AS $$ INSERT INTO hits (job_id) VALUES (job_id) $$""")
-    conn.execute("""CREATE FUNCTION public.fail(job_id int, config jsonb) RETURNS void LANGUAGE plpgsql
-                    AS $$ BEGIN RAISE EXCEPTION 'fail %', job_id USING ERRCODE = '22012'; END $$""")
-    conn.execute("""CREATE PROCEDURE public.nap(job_id int, config jsonb) LANGUAGE plpgsql
-                    AS $$ BEGIN PERFORM pg_sleep((config->>'s')::float8);
-                          INSERT INTO hits (job_id) VALUES (job_id); END $$""")
-    return conn
 
 
 def test_next_start_fixed_drifting_and_cron(db: str, jobs: Conn) -> None:

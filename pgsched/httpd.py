@@ -1,0 +1,212 @@
+"""`serve --http HOST:PORT`: /metrics (Prometheus text format, prometheus-client), /healthz and
+/readyz, served from a thread of the scheduler process.
+
+The loop's own numbers (runs by outcome, durations, start lags, rounds, workers) are read
+from pgsched.metrics.LoopMetrics and the loop's state at scrape time: nothing is computed per
+run beyond a few additions. The catalog's numbers (jobs by state, each job's last success)
+are read at scrape time on a connection of this thread's own, never the loop's. Per-job
+series stop above `metrics_max_jobs` jobs (README "Metrics"), so that a scrape stays small.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from pgsched.errors import ConfigError, first_line
+from pgsched.metrics import LoopMetrics
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from pgsched.loop_state import LoopState
+
+log = logging.getLogger("pgsched.http")
+
+OUTCOMES = ("success", "failure", "timeout", "crash", "cancelled")
+STATES = ("scheduled", "starting", "terminating", "disabled")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT' ('[::1]:9187' for IPv6; ':9187' for every interface); ConfigError otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"--http: {text!r} is not HOST:PORT; e.g. 127.0.0.1:9187, [::1]:9187 or :9187")
+    return host, int(port)
+
+
+class CatalogReader:
+    """The catalog's numbers for a scrape, on a connection of the HTTP thread (re-opened when lost)."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self.lock = threading.Lock()
+
+    def read(self, max_jobs: int) -> tuple[dict[str, int], list[tuple[int, str, float]] | None] | None:
+        """(jobs by state, per job (id, name, last success epoch) or None above max_jobs); None: unreachable."""
+        with self.lock:
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgsched metrics",
+                                                connect_timeout=5)
+                states = {str(s): int(n) for s, n in self.conn.execute(
+                    "SELECT state, count(*) FROM pgsched.job_stat GROUP BY state")}
+                if sum(states.values()) > max_jobs:
+                    return states, None
+                last = [(int(j), str(name), float(t)) for j, name, t in self.conn.execute(
+                    "SELECT s.job_id, j.job_name, extract(epoch FROM s.last_successful_finish)::float8 "
+                    "  FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id "
+                    " WHERE s.last_successful_finish IS NOT NULL ORDER BY s.job_id")]
+                return states, last
+            except psycopg.Error as e:
+                log.warning("metrics: cannot read the catalog: %s", first_line(e))
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                return None
+
+    def close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                self.conn.close()
+
+
+class Exporter:
+    """A prometheus-client collector over the scheduler's state and the catalog."""
+
+    def __init__(self, sched: LoopState, catalog: CatalogReader) -> None:
+        self.sched = sched
+        self.catalog = catalog
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        s, m = self.sched, self.sched.metrics
+        assert m is not None
+        yield GaugeMetricFamily("pgsched_up", "1 while the scheduler is connected to its database, else 0",
+                                value=1.0 if s.store is not None else 0.0)
+        runs = CounterMetricFamily("pgsched_runs", "Runs ended by this scheduler, by outcome", labels=["outcome"])
+        counts = dict(m.runs)
+        for outcome in sorted({*OUTCOMES, *map(str, counts)}):
+            runs.add_metric([outcome], float(counts.get(outcome, 0)))
+        yield runs
+        for name, doc, h in (
+                ("pgsched_run_duration_seconds", "Run durations (start to end), runs of this scheduler", m.duration),
+                ("pgsched_start_lag_seconds", "Start lag (start - plan time), runs of this scheduler", m.lag),
+                ("pgsched_loop_seconds", "Duration of one round of the scheduler loop", m.loop)):
+            yield HistogramMetricFamily(name, doc, buckets=h.cumulative(), sum_value=h.sum)
+        workers = list(s.workers.values())
+        busy = sum(1 for w in workers if w.run is not None)
+        g = GaugeMetricFamily("pgsched_workers", "Worker processes of this scheduler", labels=["state"])
+        g.add_metric(["busy"], float(busy))
+        g.add_metric(["idle"], float(len(workers) - busy))
+        yield g
+        read = self.catalog.read(s.settings.metrics_max_jobs)
+        if read is None:
+            return
+        states, last = read
+        jobs = GaugeMetricFamily("pgsched_jobs", "Jobs in the catalog, by state", labels=["state"])
+        for state in STATES:
+            jobs.add_metric([state], float(states.get(state, 0)))
+        yield jobs
+        yield GaugeMetricFamily("pgsched_job_series_exported",
+                                "1 if per-job series are exported, 0 above metrics_max_jobs jobs",
+                                value=0.0 if last is None else 1.0)
+        if last is not None:
+            ls = GaugeMetricFamily("pgsched_job_last_success_timestamp_seconds",
+                                   "When each job's last successful run ended (Unix time)",
+                                   labels=["job_id", "job_name"])
+            for job_id, job_name, t in last:
+                ls.add_metric([str(job_id), job_name], t)
+            yield ls
+
+
+def health(sched: LoopState) -> tuple[int, str]:
+    """/healthz: the loop has ticked within dead_after (what peers allow a heartbeat)."""
+    m = sched.metrics
+    assert m is not None
+    import time
+
+    age = time.monotonic() - m.last_tick
+    if age <= sched.settings.dead_after:
+        return 200, f"ok: the loop ticked {age:.1f}s ago\n"
+    return 503, f"the loop has not ticked for {age:.1f}s\n"
+
+
+def readiness(sched: LoopState) -> tuple[int, str]:
+    """/readyz: connected to a writable primary with a compatible schema (checked on every connect), not stopping."""
+    if sched.stopping:
+        return 503, "stopping\n"
+    if sched.store is None:
+        return 503, "not connected to the database\n"
+    if sched.standby:
+        return 503, "the server is a standby (read-only)\n"
+    if sched.instance_id is None:
+        return 503, "starting\n"
+    return 200, "ready\n"
+
+
+class HttpServer:
+    """The listening server and its thread."""
+
+    def __init__(self, server: ThreadingHTTPServer, catalog: CatalogReader) -> None:
+        self.server = server
+        self.catalog = catalog
+        self.thread = threading.Thread(target=server.serve_forever, name="pgsched-http", daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.catalog.close()
+
+
+def start_http(address: str, sched: LoopState) -> HttpServer:
+    """Serve /metrics, /healthz and /readyz on `address` for this scheduler; turns its metrics on."""
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    except ImportError:
+        raise ConfigError("--http needs prometheus-client: pip install 'pgsched[http]'") from None
+    host, port = parse_address(address)
+    sched.metrics = LoopMetrics()
+    catalog = CatalogReader(sched.settings.dsn)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Exporter(sched, catalog))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                code, body, ctype = 200, generate_latest(registry), CONTENT_TYPE_LATEST
+            elif path in ("/healthz", "/readyz"):
+                code, text = health(sched) if path == "/healthz" else readiness(sched)
+                body, ctype = text.encode(), "text/plain; charset=utf-8"
+            else:
+                code, body, ctype = 404, b"not found: /metrics, /healthz, /readyz\n", "text/plain; charset=utf-8"
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as e:
+        raise ConfigError(f"--http: cannot listen on {address}: {e.strerror or e}") from None
+    server.daemon_threads = True
+    log.info("serving /metrics, /healthz and /readyz on http://%s:%s", host or "0.0.0.0", server.server_address[1])
+    return HttpServer(server, catalog)

@@ -1,0 +1,147 @@
+"""serve --http (pgsched/httpd.py): /metrics scraped over HTTP and parsed with
+prometheus_client.parser, checked against the catalog; promtool's own check where it is
+installed; /healthz and /readyz."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytest.importorskip("prometheus_client", reason="pgsched[http] is not installed")
+from prometheus_client.parser import text_string_to_metric_families
+
+from pgsched.errors import ConfigError
+from pgsched.httpd import HttpServer, parse_address, start_http
+from pgsched.scheduler import Scheduler, Settings
+from tests.integration.test_scheduler import Conn, one, runs_of
+
+
+@dataclass
+class Served:
+    sched: Scheduler
+    server: HttpServer
+    stop: threading.Event
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.server.port}{path}", timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as e:
+            return int(e.code), e.read().decode()
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        code, text = self.get("/metrics")
+        assert code == 200
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def serving(db: str, **settings: Any) -> Iterator[Served]:
+    opts: dict[str, Any] = {"max_workers": 3, "crash_wait": 1.0, "safety_interval": 0.2, **settings}
+    sched = Scheduler(Settings(dsn=db, **opts))
+    server = start_http("127.0.0.1:0", sched)
+    stop = threading.Event()
+    t = threading.Thread(target=sched.run, kwargs={"until": stop.is_set})
+    t.start()
+    try:
+        yield Served(sched, server, stop)
+    finally:
+        stop.set()
+        t.join(20)
+        server.stop()
+
+
+@pytest.fixture
+def served(db: str) -> Iterator[Served]:
+    yield from serving(db)
+
+
+def wait(probe: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_metrics_agree_with_the_catalog(jobs: Conn, served: Served) -> None:
+    good = one(jobs, "SELECT add_job('hit', '200 milliseconds', job_name => 'good')")
+    bad = one(jobs, "SELECT add_job('fail', '1 hour', max_retries => 0, job_name => 'bad')")
+    one(jobs, "SELECT add_job('hit', '1 hour', scheduled => false)")
+    wait(lambda: runs_of(jobs, good, "success") >= 3 and one(jobs, "SELECT state FROM job_stats WHERE job_id = %s",
+                                                              bad) == "disabled")
+    jobs.execute("SELECT alter_job(%s, scheduled => false)", (good,))
+    wait(lambda: one(jobs, "SELECT count(*) FROM job_history WHERE outcome = 'running'") == 0
+         and not served.sched.pending and not served.sched.runs)
+    s = served.samples()
+    assert s[("pgsched_up", ())] == 1
+    ended: dict[str, int] = dict(jobs.execute("SELECT outcome, count(*) FROM job_history "
+                              "WHERE outcome NOT IN ('running', 'queued', 'skipped', 'missed') "
+                              "GROUP BY outcome").fetchall())
+    assert s[("pgsched_runs_total", (("outcome", "success"),))] == ended["success"]
+    assert s[("pgsched_runs_total", (("outcome", "failure"),))] == ended["failure"] == 1
+    assert s[("pgsched_runs_total", (("outcome", "crash"),))] == 0
+    total = sum(ended.values())
+    assert s[("pgsched_run_duration_seconds_count", ())] == total
+    assert s[("pgsched_run_duration_seconds_bucket", (("le", "+Inf"),))] == total
+    assert s[("pgsched_start_lag_seconds_count", ())] == total
+    assert s[("pgsched_loop_seconds_count", ())] >= total
+    assert s[("pgsched_workers", (("state", "busy"),))] + s[("pgsched_workers", (("state", "idle"),))] == 3
+    assert s[("pgsched_jobs", (("state", "disabled"),))] == 3
+    assert s[("pgsched_jobs", (("state", "scheduled"),))] == 0
+    last = one(jobs, "SELECT extract(epoch FROM last_successful_finish)::float8 FROM job_stats WHERE job_id = %s",
+               good)
+    assert s[("pgsched_job_last_success_timestamp_seconds", (("job_id", str(good)), ("job_name", "good")))] == \
+        pytest.approx(last)
+    assert not any(k[0] == "pgsched_job_last_success_timestamp_seconds" and ("job_id", str(bad)) in k[1] for k in s)
+    assert served.get("/healthz")[0] == 200 and served.get("/readyz") == (200, "ready\n")
+    assert served.get("/nope")[0] == 404
+
+
+def test_per_job_series_stop_above_the_cap(db: str, jobs: Conn) -> None:
+    for _ in range(3):
+        one(jobs, "SELECT add_job('hit', '100 milliseconds')")
+    for served in serving(db, metrics_max_jobs=2):
+        wait(lambda: one(jobs, "SELECT count(*) FROM job_stats WHERE last_successful_finish IS NOT NULL") == 3)
+        s = served.samples()
+        assert s[("pgsched_job_series_exported", ())] == 0
+        assert not any(k[0] == "pgsched_job_last_success_timestamp_seconds" for k in s)
+        assert s[("pgsched_jobs", (("state", "scheduled"),))] + s[("pgsched_jobs", (("state", "starting"),))] == 3
+
+
+def test_health_and_readiness_follow_the_loop(served: Served) -> None:
+    wait(lambda: served.get("/readyz")[0] == 200)
+    assert served.get("/healthz")[0] == 200
+    served.stop.set()  # the loop stops (and stops ticking); the HTTP server stays up
+    wait(lambda: served.sched.store is None)
+    assert served.get("/readyz")[0] == 503
+    assert served.sched.metrics is not None
+    served.sched.metrics.last_tick -= served.sched.settings.dead_after + 1
+    code, text = served.get("/healthz")
+    assert code == 503 and "has not ticked" in text
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool not installed (Debian package prometheus; ./dev installs it where it can)")
+def test_promtool_accepts_the_metrics(jobs: Conn, served: Served) -> None:
+    good = one(jobs, "SELECT add_job('hit', '200 milliseconds', job_name => 'a \"quoted\" name')")
+    wait(lambda: runs_of(jobs, good, "success") >= 2)
+    code, text = served.get("/metrics")
+    assert code == 200
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_bad_address_is_refused() -> None:
+    for bad in ("nowhere", "host:port", "1.2.3.4:70000"):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            parse_address(bad)
+    assert parse_address("[::1]:9187") == ("::1", 9187) and parse_address(":9") == ("", 9)

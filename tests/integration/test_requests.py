@@ -1,0 +1,136 @@
+"""trigger_job and cancel_job (sql/api/50_requests.sql, pgsched/requests.py): a scheduler starts
+the manual run a trigger asks for (once, however many schedulers hear it) and cancels the run
+a cancel names; a role that may not act for the job is told the job does not exist."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import tests.apps.demo_jobs  # noqa: F401  (registers the demo handlers)
+from pgsched.scheduler import Scheduler, Settings
+from tests.integration.test_code_jobs import DEMO, deploy
+from tests.integration.test_scheduler import Conn, one, runs_of
+
+
+def serve_with(db: str, until: Any, timeout: float = 20.0, **settings: Any) -> None:
+    deadline = time.monotonic() + timeout
+    opts: dict[str, Any] = {"max_workers": 2, "crash_wait": 1.0, "safety_interval": 0.2, **settings}
+    Scheduler(Settings(dsn=db, **opts)).run(until=lambda: until() or time.monotonic() > deadline)
+
+
+def alive(conn: Conn, n: int = 1) -> bool:
+    return bool(one(conn, "SELECT count(*) >= %s FROM pgsched.instances WHERE alive", n))
+
+
+def test_trigger_runs_the_job_once_as_manual_and_keeps_its_schedule(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    paused = one(jobs, "SELECT add_job('hit', '1 hour', scheduled => false)")
+    before = one(jobs, "SELECT next_start FROM job_stats WHERE job_id = %s", j)
+    asked: list[Any] = []
+
+    def until() -> bool:
+        if not asked and alive(jobs, 2):
+            asked.extend(one(jobs, "SELECT trigger_job(%s)", k) for k in (j, paused))
+        return bool(asked) and runs_of(jobs, j, "success") + runs_of(jobs, paused, "success") >= 2
+
+    # Two schedulers hear each request: each job still runs once.
+    other = threading.Thread(target=serve_with, args=(db, lambda: runs_of(jobs, paused, "success") >= 1))
+    other.start()
+    try:
+        serve_with(db, until)
+    finally:
+        other.join()
+    time.sleep(0.5)  # a second start, were there one, would have happened by now
+    for k, plan in zip((j, paused), asked, strict=True):
+        rows = jobs.execute("SELECT trigger, plan_time, outcome FROM job_history WHERE job_id = %s", (k,)).fetchall()
+        assert rows == [("manual", plan, "success")]
+    assert one(jobs, "SELECT count(*) FROM hits") == 2
+    st = jobs.execute("SELECT next_start, state, total_runs FROM job_stats WHERE job_id = %s", (j,)).fetchone()
+    assert st == (before, "scheduled", 1)
+    assert one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", paused) == "disabled"
+
+
+def test_trigger_of_a_python_job_runs_on_the_instance_with_its_module(db: str, conn: Conn) -> None:
+    conn.execute("CREATE TABLE py_hits (job text, plan_time timestamptz, attempt int, config jsonb)")
+    deploy(db, [DEMO])
+    j = one(conn, "SELECT job_id FROM pgsched.jobs WHERE job_name = 'demo.ok'")
+    asked: list[Any] = []
+
+    def until() -> bool:
+        if not asked and alive(conn):
+            asked.append(one(conn, "SELECT trigger_job(%s)", j))
+        return bool(asked) and runs_of(conn, j, "success") >= 1
+
+    serve_with(db, until, apps=(DEMO,))
+    assert conn.execute("SELECT trigger, plan_time FROM job_history WHERE job_id = %s", (j,)).fetchall() == [
+        ("manual", asked[0])]
+    assert one(conn, "SELECT count(*) FROM py_hits WHERE job = 'demo.ok'") == 1
+
+
+def test_trigger_while_running_starts_after_the_run(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 0.5}', initial_start => now())")
+    asked: list[Any] = []
+
+    def until() -> bool:
+        if not asked and one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", j) == "starting":
+            asked.append(one(jobs, "SELECT trigger_job(%s)", j))
+        return bool(asked) and runs_of(jobs, j, "success") >= 2
+
+    serve_with(db, until)
+    rows = jobs.execute("SELECT trigger, outcome FROM job_history WHERE job_id = %s ORDER BY run_id",
+                        (j,)).fetchall()
+    assert rows == [("schedule", "success"), ("manual", "success")]
+
+
+def test_cancel_ends_the_run_in_progress_as_cancelled(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 30}', initial_start => now())")
+    idle = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    assert jobs.execute("SELECT * FROM cancel_job(%s)", (idle,)).fetchall() == []
+    asked: list[int] = []
+
+    def until() -> bool:
+        if not asked and one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", j) == "starting":
+            asked.extend(r[0] for r in jobs.execute("SELECT * FROM cancel_job(%s)", (j,)))
+        return bool(asked) and runs_of(jobs, j, "cancelled") >= 1
+
+    started = time.monotonic()
+    serve_with(db, until)
+    assert time.monotonic() - started < 10
+    row = jobs.execute("SELECT run_id, outcome, message FROM job_history WHERE job_id = %s", (j,)).fetchone()
+    assert row is not None and [row[0]] == asked and row[1] == "cancelled"
+    assert "cancelled by" in row[2] and "cancel_job" in row[2]
+    assert one(jobs, "SELECT state FROM job_stats WHERE job_id = %s", j) == "scheduled"
+    assert one(jobs, "SELECT count(*) FROM hits") == 0
+
+
+@pytest.fixture
+def stranger(db: str, conn: Conn) -> Iterator[Conn]:
+    """A login role that owns no job and is no member of anyone's."""
+    name = f"stranger_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    params = psycopg.conninfo.conninfo_to_dict(db)
+    params["user"] = name
+    try:
+        with psycopg.connect(psycopg.conninfo.make_conninfo(**params), autocommit=True) as c:  # type: ignore[arg-type]
+            yield c
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_a_role_that_may_not_act_for_the_job_is_told_it_does_not_exist(jobs: Conn, stranger: Conn) -> None:
+    j = one(jobs, "SELECT add_job('hit', '1 hour')")
+    for call in ("SELECT pgsched.trigger_job(%s)", "SELECT * FROM pgsched.cancel_job(%s)"):
+        with pytest.raises(psycopg.errors.UndefinedObject, match=f"job {j} not found"):
+            stranger.execute(call, (j,))
+    with pytest.raises(psycopg.errors.NullValueNotAllowed):
+        jobs.execute("SELECT trigger_job(NULL)")
+    with pytest.raises(psycopg.errors.UndefinedObject):
+        jobs.execute("SELECT trigger_job(999999)")

@@ -1,0 +1,42 @@
+"""--config FILE: the scheduler settings and the `serve` options a TOML file may hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgsched.config import read_serve_options, read_settings_file
+from pgsched.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "pgsched.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_settings_and_serve_options_are_read_apart(tmp_path: Path) -> None:
+    path = write(tmp_path, 'max_workers = 3\nmetrics_max_jobs = 50\ndsn = "host=db dbname=jobs user=pgsched"\n'
+                           'log_format = "json"\nlog_level = "debug"\napp = "myapp.jobs"\nhttp = "127.0.0.1:9187"\n')
+    assert read_settings_file(path) == {"max_workers": 3, "metrics_max_jobs": 50}
+    assert read_serve_options(path) == {"dsn": "host=db dbname=jobs user=pgsched", "log_format": "json",
+                                        "log_level": "debug", "app": ["myapp.jobs"], "http": "127.0.0.1:9187"}
+    assert read_serve_options(write(tmp_path, 'app = ["a", "b"]\n')) == {"app": ["a", "b"]}
+
+
+@pytest.mark.parametrize("text, message", [
+    ('dsn = "host=db password=hunter2"\n', "may not hold a password"),
+    ('dsn = "postgresql://u:hunter2@db/jobs"\n', "may not hold a password"),
+    ("http = 9187\n", "http must be a string"),
+    ("app = [1]\n", "app must be a module name"),
+])
+def test_bad_serve_options_are_refused_without_echoing_a_password(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as e:
+        read_serve_options(write(tmp_path, text))
+    assert "hunter2" not in str(e.value)
+
+
+def test_an_unknown_key_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting 'max_wrokers'.*log_format.*max_workers"):
+        read_settings_file(write(tmp_path, "max_wrokers = 3\n"))

@@ -1,0 +1,71 @@
+"""The operator commands' pure parts: status's verdict, `next`'s start times, --since, request payloads."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pgsched.ops import health, upcoming
+from pgsched.ops.query import parse_duration
+from pgsched.requests import parse_request, plan_time_of
+from pgsched.schedule import ScheduleError
+
+NOW = datetime(2026, 3, 28, 12, 0, tzinfo=UTC)
+
+
+def inst(i: int, alive: bool, heartbeat_ago: timedelta, stopped: bool = False) -> dict[str, Any]:
+    return {"instance_id": i, "host": "h", "pid": 100 + i, "alive": alive, "heartbeat_at": NOW - heartbeat_ago,
+            "stopped_at": NOW if stopped else None}
+
+
+def job(j: int, state: str, reason: str | None = None) -> dict[str, Any]:
+    return {"job_id": j, "job_name": f"j{j}", "state": state, "disabled_reason": reason}
+
+
+def test_status_verdicts() -> None:
+    live = inst(1, True, timedelta(seconds=1))
+    assert health.judge([live], [job(1, "scheduled"), job(2, "disabled")], NOW).code == health.HEALTHY  # paused
+    v = health.judge([live], [job(2, "disabled", "disabled after 3 consecutive failures")], NOW)
+    assert (v.code, v.word) == (health.DEGRADED, "degraded") and "job 2 (j2) disabled" in v.reasons[0]
+    died = inst(2, False, timedelta(minutes=5))
+    assert health.judge([live, died], [], NOW).code == health.DEGRADED
+    # Stopped cleanly, or dead long ago: not alarming.
+    assert health.judge([live, inst(3, False, timedelta(minutes=5), stopped=True),
+                         inst(4, False, timedelta(days=2))], [], NOW).code == health.HEALTHY
+    down = health.judge([died], [job(2, "disabled", "x")], NOW)
+    assert down.code == health.DOWN and down.reasons[0] == "no live scheduler instance"
+    assert health.judge([], [], NOW).code == health.DOWN
+
+
+def test_next_starts_fixed_drifting_cron_and_delay() -> None:
+    s = upcoming.parse("15 minutes", None)
+    assert upcoming.next_starts(s, first=NOW, n=3) == [NOW, NOW + timedelta(minutes=15), NOW + timedelta(minutes=30)]
+    delayed = upcoming.next_starts(s, first=NOW + timedelta(seconds=5), n=2, delay=timedelta(seconds=5))
+    assert delayed == [NOW + timedelta(seconds=5), NOW + timedelta(minutes=15, seconds=5)]
+    cron = upcoming.parse("30 2 * * *", "Europe/Berlin")  # 29 March 2026: the clocks go forward at 02:00
+    first = datetime(2026, 3, 28, 1, 30, tzinfo=UTC)  # 02:30 CET
+    got = upcoming.next_starts(cron, first=first, n=3)
+    assert [t.isoformat() for t in got] == ["2026-03-28T01:30:00+00:00", "2026-03-29T01:00:00+00:00",
+                                            "2026-03-30T00:30:00+00:00"]
+    for bad, tz in (("* * *", None), ("every day", None), ("15 minutes", "Mars/Olympus")):
+        with pytest.raises(ScheduleError):
+            upcoming.parse(bad, tz)
+
+
+def test_durations() -> None:
+    assert parse_duration("1h30m", "--since") == timedelta(hours=1, minutes=30)
+    assert parse_duration("90s", "--since") == timedelta(seconds=90)
+    assert parse_duration("2d", "--since") == timedelta(days=2)
+    for bad in ("", "1", "h", "1x", "-1h", "1h garbage", "0s"):
+        with pytest.raises(ValueError, match=r"--since: .* use a number and a unit"):
+            parse_duration(bad, "--since")
+
+
+def test_request_payloads() -> None:
+    assert parse_request("trigger:12:1774699200000001") == ("trigger", 12, "1774699200000001")
+    assert plan_time_of("1774699200000001") == datetime(2026, 3, 28, 12, 0, 0, 1, tzinfo=UTC)
+    assert parse_request("cancel:34:alice:x") == ("cancel", 34, "alice:x")
+    for bad in ("trigger:x:1", "trigger:1:abc", "cancel:1:", "stop:1:2", "trigger", "instance:stop"):
+        assert parse_request(bad) is None
