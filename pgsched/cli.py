@@ -524,19 +524,40 @@ def status(dsn: str | None, as_json: bool) -> None:
 @click.option("--timeout", type=click.FloatRange(0), default=None, help="Exit after this many seconds without one.")
 @json_option
 def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bool) -> None:
-    """Print failures, timeouts, crashes and disabled jobs as they happen (pgsched_events)."""
-    from pgsched.ops import render
+    """Print failures, timeouts, crashes and disabled jobs as they happen (pgsched_events).
+
+    A lost connection (a server restart, a failover) is re-opened, waiting up to 10 s between
+    tries; the events sent meanwhile are not shown (`pgsched history` lists every run)."""
+    from pgsched.ops import query, render
     from pgsched.ops import watch as w
 
+    shown = 0
+    pause = 0.5
+    target = _ops_dsn(dsn)
+
     def listening() -> None:
+        nonlocal pause
+        pause = 0.5
         click.echo("watching pgsched_events (Ctrl-C to stop)", err=True)
 
-    with _ops(dsn) as conn:
-        try:
-            for event in w.follow(conn, limit=count, timeout=timeout, on_listening=listening):
-                click.echo(render.to_json(event) if as_json else w.text(event))
-        except KeyboardInterrupt:
-            pass
+    try:
+        while True:
+            try:
+                with query.connect(target) as conn:
+                    for event in w.follow(conn, limit=None if count is None else count - shown, timeout=timeout,
+                                          on_listening=listening):
+                        click.echo(render.to_json(event) if as_json else w.text(event))
+                        shown += 1
+                return
+            except psycopg.OperationalError as e:
+                click.echo(f"connection lost ({query.scrub(first_line(e), target)}); reconnecting in {pause:.1f}s",
+                           err=True)
+                time.sleep(pause)
+                pause = min(10.0, pause * 2)
+            except (PgschedError, psycopg.Error) as e:
+                _fail(query.scrub(first_line(e), target))
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

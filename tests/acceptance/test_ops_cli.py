@@ -222,3 +222,30 @@ def test_a_database_without_pgsched_is_one_line(empty_db: str) -> None:
     for args, code in ((["jobs"], 1), (["status"], 2)):
         r = cli(*args, "--dsn", empty_db)
         assert r.returncode == code and "run `pgsched init` first" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_watch_reconnects_after_losing_its_connection(dsn: str, serve: ServeFactory) -> None:
+    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", dsn, "--json", "--count", "1",
+                          "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert w.stderr is not None
+        assert "watching" in w.stderr.readline()
+        # Its session is ended (as by a server restart or a failover): it says so and listens again.
+        with psycopg.connect(dsn, autocommit=True) as c:
+            ended = c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE query LIKE 'LISTEN pgsched_events%' AND pid <> pg_backend_pid()").fetchall()
+        assert ended == [(True,)]
+        assert "connection lost" in w.stderr.readline()
+        assert "watching" in w.stderr.readline()
+        bad = add_job(dsn, "'fail', '1 hour', job_name => 'bad'")
+        s = serve(dsn, *FAST)
+        out, _ = w.communicate(timeout=30)
+        s.signal(signal.SIGTERM)
+        s.wait_exit(5)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert w.returncode == 0
+    [event] = [json.loads(x) for x in out.splitlines()]
+    assert (event["event"], event["job_id"], event["outcome"]) == ("run_end", bad, "failure")
