@@ -29,12 +29,15 @@ def main() -> None:
 @main.command()
 @dsn_option
 @click.option("--no-plpython", is_flag=True, help="Do not install the PL/Python schedule functions.")
-def init(dsn: str | None, no_plpython: bool) -> None:
+@click.option("--pg-cron-compat", is_flag=True,
+              help="Also install the schema cron with pg_cron's functions and tables over pgsched's catalog "
+                   "(refused while the pg_cron extension is installed); kept by later inits.")
+def init(dsn: str | None, no_plpython: bool, pg_cron_compat: bool) -> None:
     """Install or upgrade the pgsched schema in a database."""
     target = resolve_dsn(dsn)
     try:
         with psycopg.connect(target or "", autocommit=True) as conn:
-            result = migrate.init(conn, plpython=not no_plpython)
+            result = migrate.init(conn, plpython=not no_plpython, pg_cron_compat=pg_cron_compat)
     except (PgschedError, psycopg.Error) as e:
         raise click.ClickException(f"{redact(target or '')}: {e}".lstrip(": ")) from None
     if result.applied:
@@ -42,6 +45,8 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     else:
         click.echo(f"schema version {result.version} is up to date")
     click.echo(f"PL/Python schedule functions: {'installed' if result.plpython else 'not available'}")
+    if result.pg_cron_compat:
+        click.echo("pg_cron compatibility schema cron: installed")
     if result.api is not None:
         click.echo(f"internal API {result.api.api_version} (release {result.api.release}); instances of "
                    f"API {result.api.oldest_api_served} to {result.api.api_version} may run on it")
