@@ -171,3 +171,28 @@ def run_cmd(job_id: int, dsn: str | None, apps: tuple[str, ...]) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@main.group("import")
+def import_group() -> None:
+    """Move jobs from another scheduler into pgsched."""
+
+
+@import_group.command("pg-cron")
+@click.option("--dsn", "source", required=True,
+              help="libpq connection string of the database where pg_cron runs (its cron.database_name).")
+@click.option("--target", default=None,
+              help="pgsched's database when it is not that one (then --disable-source is refused).")
+@click.option("--history", is_flag=True, help="Also copy cron.job_run_details into pgsched's history.")
+@click.option("--disable-source", is_flag=True,
+              help="Set the imported pg_cron jobs inactive in the same transaction (the switch-over).")
+def import_pg_cron(source: str, target: str | None, history: bool, disable_source: bool) -> None:
+    """Create pgsched jobs from pg_cron's cron.job in one transaction; safe to run again."""
+    from pgsched.pgcron_import import import_pg_cron as run_import
+
+    try:
+        report = run_import(source, target, history=history, disable_source=disable_source)
+    except (PgschedError, psycopg.Error) as e:
+        raise click.ClickException(f"{redact(source)}: {str(e).strip()}") from None
+    for line in report.lines():
+        click.echo(line)
