@@ -50,12 +50,15 @@ def main() -> None:
 @main.command()
 @dsn_option
 @click.option("--no-plpython", is_flag=True, help="Do not install the PL/Python schedule functions.")
-def init(dsn: str | None, no_plpython: bool) -> None:
+@click.option("--pg-cron-compat", is_flag=True,
+              help="Also install the schema cron with pg_cron's functions and tables over pgsched's catalog "
+                   "(refused while the pg_cron extension is installed); kept by later inits.")
+def init(dsn: str | None, no_plpython: bool, pg_cron_compat: bool) -> None:
     """Install or upgrade the pgsched schema in a database."""
     target = resolve_dsn(dsn)
     try:
         with psycopg.connect(target or "", autocommit=True) as conn:
-            result = migrate.init(conn, plpython=not no_plpython)
+            result = migrate.init(conn, plpython=not no_plpython, pg_cron_compat=pg_cron_compat)
     except (PgschedError, psycopg.Error) as e:
         raise click.ClickException(f"{redact(target or '')}: {e}".lstrip(": ")) from None
     if result.applied:
@@ -63,6 +66,8 @@ def init(dsn: str | None, no_plpython: bool) -> None:
     else:
         click.echo(f"schema version {result.version} is up to date")
     click.echo(f"PL/Python schedule functions: {'installed' if result.plpython else 'not available'}")
+    if result.pg_cron_compat:
+        click.echo("pg_cron compatibility schema cron: installed")
     if result.api is not None:
         click.echo(f"internal API {result.api.api_version} (release {result.api.release}); instances of "
                    f"API {result.api.oldest_api_served} to {result.api.api_version} may run on it")
@@ -562,3 +567,28 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@main.group("import")
+def import_group() -> None:
+    """Move jobs from another scheduler into pgsched."""
+
+
+@import_group.command("pg-cron")
+@click.option("--dsn", "source", required=True,
+              help="libpq connection string of the database where pg_cron runs (its cron.database_name).")
+@click.option("--target", default=None,
+              help="pgsched's database when it is not that one (then --disable-source is refused).")
+@click.option("--history", is_flag=True, help="Also copy cron.job_run_details into pgsched's history.")
+@click.option("--disable-source", is_flag=True,
+              help="Set the imported pg_cron jobs inactive in the same transaction (the switch-over).")
+def import_pg_cron(source: str, target: str | None, history: bool, disable_source: bool) -> None:
+    """Create pgsched jobs from pg_cron's cron.job in one transaction; safe to run again."""
+    from pgsched.pgcron_import import import_pg_cron as run_import
+
+    try:
+        report = run_import(source, target, history=history, disable_source=disable_source)
+    except (PgschedError, psycopg.Error) as e:
+        raise click.ClickException(f"{redact(source)}: {str(e).strip()}") from None
+    for line in report.lines():
+        click.echo(line)

@@ -164,6 +164,10 @@ class _Field:
             if step_text:
                 if not step_text.isdigit() or int(step_text) == 0:
                     raise self.fail(f"has bad step '{step_text}' (expected a positive integer)")
+                # pg_cron refuses a step above the field's largest value ('*/60' minutes): it
+                # can only mean the first value, so it is more likely a typo than a schedule.
+                if len(step_text) > 9 or int(step_text) > self.hi:
+                    raise self.fail(f"has step {step_text}, larger than its largest value {self.hi}")
                 step = int(step_text)
             out.update(range(first, last + 1, step))
         return out

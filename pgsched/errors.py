@@ -27,6 +27,10 @@ class DeployError(PgschedError):
     """The catalog refused the @pgsched.job declarations of an app (e.g. a name clash)."""
 
 
+class PgCronConflict(PgschedError):
+    """The pg_cron compatibility schema cannot be installed: pg_cron (or another `cron` schema) is there."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an error's text, for one-line log messages."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -32,7 +32,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from pgsched import __version__, api
+from pgsched import __version__, api, compat
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
 
 T = TypeVar("T")
@@ -126,6 +126,8 @@ class InitResult:
     dropped: list[str] = field(default_factory=list)
     # What pgsched._api() says after init: this release's API and the oldest it serves.
     api: api.SchemaApi | None = None
+    # Whether the pg_cron compatibility schema `cron` is installed (pgsched/compat.py).
+    pg_cron_compat: bool = False
 
 
 def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
@@ -260,16 +262,22 @@ def _applied(cur: psycopg.Cursor[Any]) -> dict[int, str]:
     return {int(str(v)): str(c) for v, c in cur.fetchall()}
 
 
-def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True) -> InitResult:
+def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True,
+         pg_cron_compat: bool = False) -> InitResult:
     """Install or upgrade the schema on `conn` (which must not be in a transaction).
 
     Instances of the previous release keep running through it (a rolling upgrade): its DDL
     gives way to their statements instead of deadlocking with them (_giving_way), and the
     files replace functions in place (_apply_api).
+
+    pg_cron_compat installs the pg_cron compatibility schema (pgsched/compat.py), refused while
+    the pg_cron extension is installed; once installed, every init re-applies it.
     """
     todo = migrations()
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        if pg_cron_compat:
+            compat.check_can_install(cur)  # before anything is written
         _bootstrap(cur)
         applied = _applied(cur)
         newest = max(applied, default=0)
@@ -326,8 +334,11 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True)
 
         dropped = _giving_way(cur, upgrade) if reapply else []
         now_api = schema_api(cur)
+        with_compat = pg_cron_compat or compat.installed(cur)
+        if with_compat:
+            compat.install(cur, (_source_dir("sql") / "compat" / "pg_cron.sql").read_text())
     return InitResult(applied=[m.version for m in pending], api_reapplied=reapply, plpython=has_plpython,
-                      version=len(todo), dropped=dropped, api=now_api)
+                      version=len(todo), dropped=dropped, api=now_api, pg_cron_compat=with_compat)
 
 
 # How long init keeps giving way to other sessions' statements (see _giving_way) before it

@@ -62,6 +62,7 @@ __all__ = [
     "cron_next_n",
     "eligible_at",
     "first_start",
+    "is_restart",
     "looks_like_cron",
     "next_after_crash",
     "next_after_failure",
@@ -214,18 +215,34 @@ def add_interval(t: datetime, iv: Interval, tz: ZoneInfo, k: int = 1) -> datetim
     return u + timedelta(microseconds=iv.micros * k)
 
 
+RESTART = "@restart"
+
+
+def is_restart(text: str) -> bool:
+    """Whether a schedule's text is pg_cron's @restart (as sql/api/00_internal.sql reads it)."""
+    return text.strip() == RESTART
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """When a job runs: exactly one of ``interval`` and ``cron``."""
+    """When a job runs: exactly one of ``interval`` and ``cron``, or neither for ``restart``.
+
+    ``restart`` is pg_cron's @restart: one run each time the server starts, planned by the
+    database (pgsched._arm_restart_jobs), never by the functions of this module, which do not
+    take such a schedule (pgsched.state.end_of_run and after_crash keep its next start).
+    """
 
     interval: Interval | None
     cron: Cron | None
     fixed: bool = True  # ignored for cron, which is always aligned
     origin: datetime | None = None  # initial_start: alignment origin of fixed interval schedules
     tz: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    restart: bool = False
 
     def __post_init__(self) -> None:
-        if (self.interval is None) == (self.cron is None):
+        if self.restart and (self.interval, self.cron) != (None, None):
+            raise ValueError("a restart Schedule has neither interval nor cron")
+        if not self.restart and (self.interval is None) == (self.cron is None):
             raise ValueError("a Schedule needs exactly one of interval and cron")
         if self.interval is not None:
             check_interval(self.interval, fixed=self.fixed)

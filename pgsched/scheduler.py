@@ -169,7 +169,7 @@ class Scheduler(Requests):
         assert self.store is not None
         changes = []
         for b in self.store.behind(timedelta(seconds=CATCH_UP_LATE)):
-            if b.schedule is None:
+            if b.schedule is None or b.schedule.restart:
                 continue
             now = self.clock.now()
             try:
@@ -268,6 +268,10 @@ class Scheduler(Requests):
             log.info("scheduler instance %s started (max_workers=%s)", self.instance_id, self.settings.max_workers)
         else:
             log.info("reconnected to the database")
+        # A server restart ends every session, so each scheduler comes here after one.
+        armed = self.store.arm_restart_jobs()
+        if armed:
+            log.info("%d @restart job(s) due: the server started at a time they have not run for", armed)
         assert self.instance_id is not None
         self._terminate_orphans()
         self._heartbeat(startup=first)

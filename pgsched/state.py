@@ -127,6 +127,10 @@ def end_of_run(
     finish - delay, and the next start is the next plan + delay.
     """
     delay = job.schedule_delay
+    if job.schedule.restart:
+        # Its one plan is the server's start: no next start until the server starts again
+        # (pgsched._arm_restart_jobs). The stored one is kept; the claim passes over it.
+        return RunEnd(outcome, None, JobState.SCHEDULED)
     try:
         end = _next(job, outcome=outcome, plan_time=plan_time, finish=schedule.plan_of(finish, delay),
                     failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
@@ -138,6 +142,8 @@ def end_of_run(
 def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, crashes: int,
                 retry_period: timedelta, rng: random.Random, delay: timedelta = timedelta(0)) -> RunEnd:
     """Next start of a run found crashed at `now` (crashes: the counter including this one)."""
+    if s.restart:
+        return RunEnd(Outcome.CRASH, None, JobState.SCHEDULED)  # as end_of_run: no retry before a restart
     try:
         nxt = schedule.next_after_crash(s, plan_time=plan_time, now=schedule.plan_of(now, delay), crashes=crashes,
                                         retry_period=retry_period, rng=rng)

@@ -46,6 +46,8 @@ def schedule_from_row(row: dict[str, Any]) -> Schedule:
     """A Schedule from catalog columns; ScheduleError if the row is not a valid schedule."""
     tz = schedule.zone(row["timezone"])
     months = row["months"]
+    if months is None and schedule.is_restart(row["schedule"] or ""):
+        return Schedule(interval=None, cron=None, tz=tz, restart=True)
     if months is None:
         if not schedule.looks_like_cron(row["schedule"] or ""):
             raise schedule.ScheduleError(
@@ -221,6 +223,11 @@ class Store:
     def in_recovery(self) -> bool:
         row = self._execute("SELECT pg_is_in_recovery() AS r").fetchone()
         return bool(row and row["r"])
+
+    def arm_restart_jobs(self) -> int:
+        """Make the @restart jobs that have not run since the server started due (pgsched._arm_restart_jobs)."""
+        row = self._execute("SELECT pgsched._arm_restart_jobs() AS n").fetchone()
+        return int(row["n"]) if row else 0
 
     def register_instance(self, host: str, pid: int, version: str, max_workers: int) -> int:
         row = self._execute(

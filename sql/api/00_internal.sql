@@ -166,6 +166,12 @@ BEGIN
             IF m[3] IS NOT NULL AND m[3]::numeric = 0 THEN
                 PERFORM pgsched._bad_arg('schedule', format('%L: step 0 in the %s field', expr, names[i]), expected);
             END IF;
+            -- As pg_cron (and pgsched.cron): a step above the field's largest value ('*/60' minutes)
+            -- can only mean the first value, more likely a typo than a schedule.
+            IF m[3] IS NOT NULL AND (length(m[3]) > 9 OR m[3]::int > hi[i]) THEN
+                PERFORM pgsched._bad_arg('schedule', format('%L: step %s in the %s field is larger than its '
+                                         || 'largest value %s', expr, m[3], names[i], hi[i]), expected);
+            END IF;
             FOR offs IN 1 .. 2 LOOP
                 IF m[offs] IS NOT NULL AND m[offs] <> '*' THEN
                     IF length(m[offs]) > 9 OR m[offs]::int NOT BETWEEN lo[i] AND hi[i] THEN
@@ -201,21 +207,41 @@ RETURNS interval LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     iv interval;
-    expected constant text := 'an interval such as ''5 minutes'' or ''1 month'', or a cron expression such as '
-        || '''*/5 * * * *'' (5 fields; 6 or 7 with seconds first)';
+    -- One token of an interval, as pgsched.schedule._INTERVAL_TOKEN (the units of its _UNITS).
+    token constant text := '\s*(?:[0-9]+(?:\.[0-9]+)?\s*(?:microseconds?|us|usecs?|milliseconds?|ms|msecs?'
+        || '|seconds?|s|secs?|minutes?|m|mins?|hours?|h|hrs?|days?|d|weeks?|w|months?|mons?|years?|y|yrs?)'
+        || '|[0-9]+:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)\s*,?';
+    rest text;
+    expected constant text := 'an interval such as ''5 minutes'' or ''1 month'', a cron expression such as '
+        || '''*/5 * * * *'' (5 fields; 6 or 7 with seconds first), or ''@restart''';
 BEGIN
     IF schedule IS NULL THEN
         PERFORM pgsched._bad_arg('schedule', 'NULL', expected, '22004');
+    END IF;
+    -- pg_cron's @restart: once each time the server starts (pgsched._arm_restart_jobs); like a
+    -- cron expression it has no interval.
+    IF btrim(schedule) = '@restart' THEN
+        RETURN NULL;
     END IF;
     IF pgsched._is_cron(schedule) THEN
         PERFORM pgsched._check_cron_syntax(schedule);
         RETURN NULL;
     END IF;
-    -- PostgreSQL's interval input skips some punctuation ('''; 1 hour' reads as 1 hour):
-    -- accept only what an interval is written with, so junk is refused, not stored.
-    IF schedule ~ '[^0-9A-Za-z[:space:].:+,@-]' THEN
-        PERFORM pgsched._bad_arg('schedule', format('%L is neither an interval nor a cron expression', schedule),
-                                 expected);
+    -- PostgreSQL's interval input skips some punctuation ('''; 1 hour' reads as 1 hour) and
+    -- words it knows ('50 seconds c' reads as 50 seconds; pg_cron refuses it). Accept only the
+    -- grammar the scheduler's Python reads (pgsched.schedule.parse_interval: numbers with a
+    -- unit, hh:mm[:ss], an optional leading '@'), so both sides take the same texts and junk
+    -- is refused, not stored.
+    IF schedule !~* ('^\s*@?(?:' || token || ')+$') THEN
+        rest := btrim(regexp_replace(schedule, '^\s*@?(?:' || token || ')*', '', 'i'));
+        PERFORM pgsched._bad_arg('schedule',
+            CASE WHEN rest = btrim(schedule) OR btrim(left(btrim(schedule), length(btrim(schedule)) - length(rest)))
+                                                   !~ '[0-9]'
+                 THEN format('%L is neither an interval nor a cron expression', schedule)
+                 ELSE format('%L is not an interval: %L after %L is not a number with a unit (such as '
+                             || '''30 seconds'') nor hh:mm[:ss]', schedule, rest,
+                             btrim(left(btrim(schedule), length(btrim(schedule)) - length(rest)))) END,
+            expected);
     END IF;
     BEGIN
         iv := schedule::interval;
@@ -403,6 +429,36 @@ BEGIN
                      || 'so the owner must be allowed to log in',
             HINT = format('ALTER ROLE %I LOGIN (and let the scheduler''s host authenticate as it), '
                           || 'or add the job as a role that can log in', current_user);
+    END IF;
+END
+$$;
+
+-- A job's database (pg_cron's schedule_in_database and alter_job, sql/compat/pg_cron.sql),
+-- checked for the role the job runs as: it exists, accepts connections, and the role may
+-- connect to it (the messages are pg_cron's).
+CREATE OR REPLACE FUNCTION pgsched._check_database(database text, owner regrole)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    d record;
+BEGIN
+    IF database IS NULL OR database = '' THEN
+        RETURN;
+    END IF;
+    SELECT x.datallowconn, x.datistemplate INTO d FROM pg_catalog.pg_database x WHERE x.datname = database;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '3D000', MESSAGE = format('database "%s" does not exist', database),
+            HINT = 'database must name a database of this server that the job''s owner may connect to, '
+                   || 'or be NULL for the scheduler''s own';
+    END IF;
+    IF NOT d.datallowconn OR NOT pg_catalog.has_database_privilege(owner, database, 'CONNECT') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('User %s does not have CONNECT privilege on %s', pg_catalog.pg_get_userbyid(owner),
+                             database),
+            DETAIL = CASE WHEN NOT d.datallowconn THEN format('database %s does not accept connections', database)
+                          ELSE 'the job''s runs open their session there as its owner' END,
+            HINT = format('GRANT CONNECT ON DATABASE %I TO %I, or schedule the job in another database', database,
+                          pg_catalog.pg_get_userbyid(owner));
     END IF;
 END
 $$;

@@ -153,11 +153,13 @@ $$;
 
 -- The first time a job's plan becomes eligible: its first plan time (pgsched._first_start)
 -- + schedule_delay (pgsched._delayed). Every way of creating or rescheduling a job uses this.
+-- An @restart job has none until the server next starts (pgsched._arm_restart_jobs).
 CREATE OR REPLACE FUNCTION pgsched._first_next_start(s pgsched.job_settings, iv interval)
 RETURNS timestamptz LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched._delayed(pgsched._first_start(s.schedule, iv, s.fixed_schedule, s.initial_start, s.timezone),
-                            s.schedule_delay)
+    SELECT CASE WHEN btrim(s.schedule) <> '@restart' THEN
+        pgsched._delayed(pgsched._first_start(s.schedule, iv, s.fixed_schedule, s.initial_start, s.timezone),
+                         s.schedule_delay) END
 $$;
 
 -- Insert a job whose settings are checked (iv: their schedule's interval, NULL for cron) and
@@ -227,7 +229,7 @@ BEGIN
     END IF;
     iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
     PERFORM pgsched._check_timezone(s.timezone);
-    IF iv IS NULL THEN
+    IF iv IS NULL AND btrim(s.schedule) <> '@restart' THEN
         PERFORM pgsched._check_schedule_exact(s.schedule, s.timezone);
     END IF;
     IF s.max_runtime IS NOT NULL AND s.max_runtime <= interval '0' THEN

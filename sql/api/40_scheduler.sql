@@ -19,6 +19,7 @@
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_abandoned_runs',
+    '_arm_restart_jobs',
     '_behind',
     '_catch_up',
     '_claim_v2',
@@ -222,8 +223,31 @@ SET search_path = pg_catalog, pg_temp AS $$
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
      WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
+       AND j.schedule <> '@restart'  -- planned by the server's start (_arm_restart_jobs), not by a scheduler
      ORDER BY j.job_id
      LIMIT max_rows
+$$;
+
+-- pg_cron's @restart: a job that runs once each time the server starts. Its plan time is the
+-- server's start, pg_postmaster_start_time(), so the job_run key (job_id, scope, plan_time)
+-- makes that run happen once however many schedulers arm it: each calls this when it connects
+-- (a restart ends every session, so every scheduler reconnects after one), and the claim's
+-- ON CONFLICT passes over a plan that already ran (and clears next_start again). A job created
+-- or changed after the server started waits for the next start, as in pg_cron.
+CREATE OR REPLACE FUNCTION pgsched._arm_restart_jobs()
+RETURNS integer LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH u AS (
+        UPDATE pgsched.job_stat s SET next_start = pgsched._delayed(pg_catalog.pg_postmaster_start_time(),
+                                                                    j.schedule_delay)
+          FROM pgsched.job j
+         WHERE j.job_id = s.job_id AND j.schedule = '@restart' AND s.state = 'scheduled'
+           AND s.next_start IS NULL AND j.updated_at < pg_catalog.pg_postmaster_start_time()
+           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                            WHERE r.job_id = j.job_id AND r.scope = ''
+                              AND r.plan_time = pg_catalog.pg_postmaster_start_time())
+        RETURNING 1)
+    SELECT count(*)::integer FROM u
 $$;
 
 -- Set next_start only where it is still unset, so a concurrent alter_job wins.
@@ -250,8 +274,9 @@ SET search_path = pg_catalog, pg_temp AS $$
                  -- Claimable queued scope runs are due now.
                  (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
                    WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules) LIMIT 1)),
-           EXISTS (SELECT 1 FROM pgsched.job_stat s
-                    WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))),
+           EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
+                    WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
+                      AND j.schedule <> '@restart'),
            clock_timestamp()
 $$;
 
@@ -475,6 +500,7 @@ SET search_path = pg_catalog, pg_temp AS $$
       FROM pgsched.job_stat s
       JOIN pgsched._job_launch v ON v.job_id = s.job_id
      WHERE s.state = 'scheduled' AND s.next_start < _behind.now - late AND pg_catalog.isfinite(s.next_start)
+       AND v.schedule <> '@restart'  -- its one plan is the server's start, however late
      ORDER BY s.next_start
      LIMIT max_rows
 $$;

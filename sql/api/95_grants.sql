@@ -21,7 +21,7 @@ DECLARE
         -- what the API calls as the invoker
         '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',
         '_interval_parts', '_interval_text', '_delayed', '_check_schedule_exact', '_first_start',
-        '_check_proc', '_check_config', '_check_owner_can_login', '_check_job_writable', '_job_not_found',
+        '_check_proc', '_check_config', '_check_owner_can_login', '_check_database', '_check_job_writable', '_job_not_found',
         '_check_settings', '_insert_job', '_alter_job', '_catalog_admin',
         '_settings', '_settings_defaults', '_job_settings', '_settings_columns', '_store_settings',
         '_store_new_job', '_first_next_start', '_replan', '_iv_months', '_iv_days', '_iv_micros',

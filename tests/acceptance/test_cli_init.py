@@ -149,3 +149,24 @@ def test_newer_schema_is_a_clean_error(empty_db: str) -> None:
     assert r.code == 1, r.both
     assert "newer than this pgsched" in r.err and "999" in r.err
     assert "Traceback" not in r.both
+
+
+def test_init_with_the_pg_cron_compatibility_schema(empty_db: str) -> None:
+    r = pgsched("init", "--dsn", empty_db, "--pg-cron-compat")
+    assert r.code == 0, r.both
+    assert "pg_cron compatibility schema cron: installed" in r.out
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        row = c.execute("SELECT cron.schedule('nightly', '0 3 * * *', 'SELECT 1')").fetchone()
+        assert row is not None
+        assert c.execute("SELECT jobname FROM cron.job").fetchall() == [("nightly",)]
+    again = pgsched("init", "--dsn", empty_db)  # kept without the flag
+    assert again.code == 0 and "pg_cron compatibility schema cron: installed" in again.out, again.both
+
+
+def test_init_refuses_the_compatibility_schema_over_a_foreign_cron_schema(empty_db: str) -> None:
+    with psycopg.connect(empty_db, autocommit=True) as c:
+        c.execute("CREATE SCHEMA cron")
+    r = pgsched("init", "--dsn", empty_db, "--pg-cron-compat")
+    assert r.code == 1 and "a schema named cron exists and pgsched did not create it" in r.err, r.both
+    with psycopg.connect(empty_db, autocommit=True) as c:  # nothing was written
+        assert c.execute("SELECT to_regnamespace('pgsched')").fetchone() == (None,)

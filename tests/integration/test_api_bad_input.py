@@ -29,6 +29,10 @@ CRON_CASES = [
     ("5-1 * * * *", "reversed"), ("*/0 * * * *", "step 0"), ("1,,2 * * * *", "empty"),
     ("*/5 * * * * junk", "schedule"), ("* * * *", "schedule"), ("* * * * * * * *", "schedule"),
     ("*-5 * * * *", "schedule"), ("0 0 L-x * *", "schedule"),
+    # pg_cron refuses these too (issue 19): a step above the field's largest value
+    ("*/60 10 * * *", "step 60 in the minute field is larger than its largest value 59"),
+    ("*/5000000000 10 * * *", "step 5000000000 in the minute field"), ("0 0 */32 * *", "day-of-month"),
+    ("0 0 * * 1/8", "step 8 in the day-of-week field"),
 ]
 
 CASES: list[Bad] = [
@@ -56,6 +60,13 @@ CASES: list[Bad] = [
     Bad("negative interval typed", "SELECT add_job('ok_fn', interval '-1 hour')", "22023", "schedule_interval"),
     Bad("partly negative interval", "SELECT add_job('ok_fn', '1 day -1 hour')", "22023", "schedule"),
     Bad("not a schedule", "SELECT add_job('ok_fn', 'every tuesday')", "22023", "schedule"),
+    # PostgreSQL's interval input would read these as 50 seconds / 1 hour (pg_cron refuses them)
+    Bad("junk after an interval", "SELECT add_job('ok_fn', '50 seconds c')", "22023",
+        "'c' after '50 seconds' is not a number with a unit"),
+    Bad("unknown word in an interval", "SELECT add_job('ok_fn', '1 hour ago')", "22023", "'ago' after '1 hour'"),
+    Bad("unit glued to junk", "SELECT add_job('ok_fn', '5 secondc')", "22023", "schedule"),
+    Bad("schedule junk after interval", "SELECT schedule('j', '50 seconds c', 'SELECT 1')", "22023",
+        "'c' after '50 seconds'"),
     Bad("empty schedule", "SELECT add_job('ok_fn', '')", "22023", "schedule"),
     Bad("mixed month day fixed", "SELECT add_job('ok_fn', '1 month 1 day')", "22023", "schedule"),
     Bad("mixed month time fixed typed", "SELECT add_job('ok_fn', interval '1 month 2 hours')", "22023",

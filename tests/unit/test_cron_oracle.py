@@ -142,7 +142,7 @@ def _field(rng: random.Random, spec: Spec, *, common: str | None = None) -> str:
     if r < 0.5:
         return "*"
     if r < 0.6:
-        return f"*/{rng.randint(1, spec.hi - spec.lo + 1)}"
+        return f"*/{rng.randint(1, spec.hi)}"  # a step is at most the largest value (as pg_cron)
     if r < 0.8:
         return _item(rng, spec)
     return ",".join(_item(rng, spec) for _ in range(rng.randint(2, 3)))

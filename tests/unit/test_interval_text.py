@@ -24,7 +24,8 @@ def test_parses_like_postgresql(text: str, expected: Interval) -> None:
     assert parse_interval(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "five minutes", "5 fortnights", "5 minutes; DROP TABLE x", "-", "1:2:3:4"])
+@pytest.mark.parametrize("text", ["", "five minutes", "5 fortnights", "5 minutes; DROP TABLE x", "-", "1:2:3:4",
+                                  "50 seconds c", "5 secondc", "1 hour ago"])
 def test_rejects_with_the_accepted_form(text: str) -> None:
     with pytest.raises(ScheduleError, match="expected an interval such as"):
         parse_interval(text)

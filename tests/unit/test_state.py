@@ -159,3 +159,28 @@ def test_after_crash_backs_off_or_disables_a_schedule_without_a_next_start() -> 
                        rng=random.Random(0))
     assert gone.next_state is JobState.DISABLED and gone.next_start is None
     assert gone.disable_reason is not None and "no further start" in gone.disable_reason
+
+
+@pytest.mark.parametrize("outcome", [Outcome.SUCCESS, Outcome.FAILURE, Outcome.CRASH, Outcome.TIMEOUT])
+def test_a_restart_job_keeps_its_one_plan_whatever_the_outcome(outcome: Outcome) -> None:
+    """@restart: no next start and no retry before the server starts again (pgsched._arm_restart_jobs)."""
+    from pgsched.state import after_crash
+    from pgsched.store import schedule_from_row
+
+    s = schedule_from_row({"schedule": " @restart ", "timezone": None, "months": None})
+    assert s.restart and s.cron is None and s.interval is None
+    start = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    end = end_of_run(job(s, max_retries=0), outcome=outcome, plan_time=start, finish=start + timedelta(seconds=3),
+                     consecutive_failures=5, consecutive_crashes=5, message="boom", rng=random.Random(1))
+    assert (end.outcome, end.next_start, end.next_state, end.disable_reason) == \
+        (outcome, None, JobState.SCHEDULED, None)
+    crash = after_crash(s, plan_time=start, now=start + timedelta(minutes=1), crashes=3,
+                        retry_period=timedelta(seconds=1), rng=random.Random(1))
+    assert (crash.next_start, crash.next_state) == (None, JobState.SCHEDULED)
+
+
+def test_a_restart_schedule_has_neither_interval_nor_cron() -> None:
+    with pytest.raises(ValueError, match="neither interval nor cron"):
+        Schedule(interval=Interval(0, 0, 1), cron=None, restart=True)
+    with pytest.raises(ValueError, match="exactly one"):
+        Schedule(interval=None, cron=None)

@@ -1,0 +1,279 @@
+-- pg_cron's SQL interface over pgsched's catalog: the schema `cron` with pg_cron 1.4's
+-- functions (schedule in two forms, unschedule in two forms, alter_job, schedule_in_database)
+-- and its two tables as views (job, job_run_details), so that SQL written for pg_cron runs
+-- unchanged. Installed only on request (`pgsched init --pg-cron-compat`, pgsched/compat.py),
+-- never beside the pg_cron extension itself, and re-applied by every later init while the
+-- schema carries the marker comment set at its end.
+--
+-- Nothing here is a second definition: each function checks pg_cron's own rules (who may
+-- change which job, which database) and then calls pgsched's API (pgsched.schedule,
+-- pgsched.alter_job, pgsched.unschedule), which checks the settings and writes the catalog.
+-- Everything is SECURITY INVOKER: row-level security on pgsched.job decides what a role may
+-- change, as it does for pgsched's own API.
+--
+-- pg_cron's permission rules: a role sees and changes its own jobs (cron.job shows those);
+-- a superuser sees and changes every job and is the only one who may schedule a job for
+-- another role (username) or move a job to another owner.
+--
+-- Which jobs are pg_cron's: jobs of kind 'command' (SQL text). proc and Python jobs are
+-- pgsched's own; they are in pgsched.jobs, not here. An unnamed job (cron.schedule(schedule,
+-- command)) gets pgsched's generated name 'command [<id>]', shown here as NULL as pg_cron does.
+
+CREATE SCHEMA IF NOT EXISTS cron;
+
+-- Whether the current role is a superuser (pg_cron's test for "may act for others").
+CREATE OR REPLACE FUNCTION cron._is_superuser()
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false)
+$$;
+
+-- The name cron.job shows for a job: NULL for the name pgsched generated for an unnamed one.
+CREATE OR REPLACE FUNCTION cron._job_name(job_name text, job_id integer)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN job_name = pg_catalog.format('command [%s]', job_id) THEN NULL ELSE job_name END
+$$;
+
+CREATE OR REPLACE VIEW cron.job WITH (security_invoker = true) AS
+SELECT j.job_id::bigint AS jobid, j.schedule, j.command,
+       'localhost'::text AS nodename, pg_catalog.current_setting('port')::integer AS nodeport,
+       pg_catalog.current_database()::text AS database,
+       pg_catalog.pg_get_userbyid(j.owner)::text AS username, j.scheduled AS active,
+       cron._job_name(j.job_name, j.job_id) AS jobname
+  FROM pgsched.job j
+ WHERE j.kind = 'command' AND (j.owner = current_user::regrole OR cron._is_superuser());
+
+-- pg_cron's statuses: starting, running, sending, connecting, succeeded, failed. pgsched's
+-- other outcomes (timeout, crash, skipped, missed, cancelled) are failures here, their
+-- outcome named in return_message.
+CREATE OR REPLACE VIEW cron.job_run_details WITH (security_invoker = true) AS
+SELECT r.job_id::bigint AS jobid, r.run_id AS runid, r.backend_pid AS job_pid,
+       pg_catalog.current_database()::text AS database,
+       pg_catalog.pg_get_userbyid(j.owner)::text AS username, j.command,
+       CASE r.outcome WHEN 'running' THEN 'running' WHEN 'queued' THEN 'starting'
+                      WHEN 'success' THEN 'succeeded' ELSE 'failed' END AS status,
+       CASE WHEN r.outcome IN ('success', 'failure', 'running', 'queued') THEN r.message
+            ELSE r.outcome || coalesce(': ' || r.message, '') END AS return_message,
+       r.started_at AS start_time, r.finished_at AS end_time
+  FROM pgsched.job_run r
+  JOIN pgsched.job j ON j.job_id = r.job_id
+ WHERE j.kind = 'command' AND (j.owner = current_user::regrole OR cron._is_superuser());
+
+-- pg_cron's checks of a job's database for the role that will run it, at scheduling time:
+-- it exists, accepts connections, and the role may connect to it. Then pgsched's limit: a job
+-- runs in the database whose catalog holds it (a job's own database needs a catalog column,
+-- that is a migration, which this release may not add while it serves release 0.1.0's
+-- instances: README, "pg_cron compatibility").
+CREATE OR REPLACE FUNCTION cron._check_database(database text, username regrole)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgsched._check_database(database, username);
+    IF database <> pg_catalog.current_database() THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('invalid database: %L is not this database; pgsched runs a job in the database '
+                             || 'that holds it', database),
+            HINT = format('database must be %L (or schedule the job with pgsched installed in %L)',
+                          pg_catalog.current_database(), database);
+    END IF;
+END
+$$;
+
+-- The owner a call names, as pg_cron resolves it: NULL is the current role; another role only
+-- for a superuser (ERROR as pg_cron's: "permission denied for function <fn>").
+CREATE OR REPLACE FUNCTION cron._target_owner(username text, fn text)
+RETURNS regrole LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    target regrole;
+BEGIN
+    IF username IS NULL THEN
+        RETURN current_user::regrole;
+    END IF;
+    -- The role's name as given (pg_cron compares names, not identifiers): no quoting rules.
+    -- Permission first, as pg_cron: a non-superuser learns nothing about other roles.
+    IF username <> current_user AND NOT cron._is_superuser() THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('permission denied for function %s', fn),
+            HINT = 'only a superuser schedules a job for another role';
+    END IF;
+    SELECT r.oid::regrole INTO target FROM pg_catalog.pg_roles r WHERE r.rolname = username;
+    IF target IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = format('role "%s" does not exist', username);
+    END IF;
+    RETURN target;
+END
+$$;
+
+-- Run `body` (a pgsched API call) as `owner`: a superuser scheduling for another role creates
+-- the job as that role, so pgsched's own checks (LOGIN, unique name per owner, row-level
+-- security) see the job's real owner. SET LOCAL ROLE lasts to the end of the transaction,
+-- so the previous role is restored here; an error rolls the whole statement back, role included.
+CREATE OR REPLACE FUNCTION cron._as_owner(owner regrole, body text, args text[])
+RETURNS bigint LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    previous constant text := pg_catalog.current_setting('role');
+    result bigint;
+BEGIN
+    IF owner <> current_user::regrole THEN
+        PERFORM pg_catalog.set_config('role', pg_catalog.pg_get_userbyid(owner), true);
+    END IF;
+    EXECUTE body INTO result USING args[1], args[2], args[3];
+    PERFORM pg_catalog.set_config('role', previous, true);
+    RETURN result;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cron.schedule(schedule text, command text)
+RETURNS bigint LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched.schedule(schedule => schedule, command => command)
+$$;
+
+-- The same name again (for the same role) updates that job: pgsched.schedule does that.
+CREATE OR REPLACE FUNCTION cron.schedule(job_name text, schedule text, command text)
+RETURNS bigint LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched.schedule(job_name => job_name, schedule => schedule, command => command)
+$$;
+
+CREATE OR REPLACE FUNCTION cron.schedule_in_database(job_name text, schedule text, command text, database text,
+                                                     username text DEFAULT NULL, active boolean DEFAULT true)
+RETURNS bigint LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    owner regrole;
+    id bigint;
+BEGIN
+    IF database IS NULL THEN
+        PERFORM pgsched._bad_arg('database', 'NULL', 'the name of a database', '22004');
+    END IF;
+    owner := cron._target_owner(username, 'schedule_in_database');
+    PERFORM cron._check_database(database, owner);
+    id := cron._as_owner(owner, 'SELECT pgsched.schedule(job_name => $1, schedule => $2, command => $3)',
+                         ARRAY[job_name, schedule, command]);
+    IF active IS NOT NULL THEN
+        PERFORM pgsched.alter_job(id::integer, scheduled => active);
+    END IF;
+    RETURN id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cron.unschedule(job_id bigint)
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM cron._own_job(job_id);
+    RETURN pgsched.unschedule(job_id);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cron.unschedule(job_name text)
+RETURNS boolean LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched.unschedule(job_name => job_name)
+$$;
+
+-- The pg_cron job `job_id` if the caller may change it (its own, or any for a superuser),
+-- locked; otherwise pg_cron's error.
+CREATE OR REPLACE FUNCTION cron._own_job(job_id bigint)
+RETURNS pgsched.job LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    j pgsched.job;
+BEGIN
+    IF job_id IS NULL THEN
+        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of one of your jobs (see cron.job)', '22004');
+    END IF;
+    SELECT * INTO j FROM pgsched.job x
+     WHERE x.job_id = _own_job.job_id AND x.kind = 'command'
+       AND (x.owner = current_user::regrole OR cron._is_superuser())
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = format('Job %s does not exist or you don''t own it', job_id),
+            HINT = 'job_id must be the id of one of your jobs (see cron.job)';
+    END IF;
+    RETURN j;
+END
+$$;
+
+-- Give a job another owner (a superuser's cron.alter_job(username => ...)): the new owner must
+-- be able to log in (it runs as that role) and have no other job of that name.
+CREATE OR REPLACE FUNCTION cron._set_owner(job_id integer, owner regrole)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    name text;
+BEGIN
+    IF NOT coalesce((SELECT r.rolcanlogin FROM pg_catalog.pg_roles r WHERE r.oid = owner), false) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('role %s cannot own a job: it has no LOGIN', owner),
+            HINT = 'pgsched runs every job in a session opened as its owner';
+    END IF;
+    SELECT j.job_name INTO name FROM pgsched.job j WHERE j.job_id = _set_owner.job_id;
+    IF EXISTS (SELECT 1 FROM pgsched.job o WHERE o.owner = _set_owner.owner AND o.job_name = name) THEN
+        RAISE EXCEPTION USING ERRCODE = '42710',
+            MESSAGE = format('invalid username: role %s already has a job named %L', owner, name),
+            HINT = 'job names are unique per user: rename or unschedule one of them first';
+    END IF;
+    UPDATE pgsched.job j SET owner = _set_owner.owner WHERE j.job_id = _set_owner.job_id;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cron.alter_job(job_id bigint, schedule text DEFAULT NULL, command text DEFAULT NULL,
+                                          database text DEFAULT NULL, username text DEFAULT NULL,
+                                          active boolean DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    j pgsched.job;
+    owner regrole;
+BEGIN
+    IF schedule IS NULL AND command IS NULL AND database IS NULL AND username IS NULL AND active IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'no updates specified',
+            HINT = 'You must specify at least one job attribute to change when calling alter_job';
+    END IF;
+    j := cron._own_job(job_id);
+    owner := j.owner;
+    IF username IS NOT NULL THEN
+        IF NOT cron._is_superuser() THEN
+            RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'must be superuser to alter username';
+        END IF;
+        owner := cron._target_owner(username, 'alter_job');
+    END IF;
+    IF database IS NOT NULL OR owner <> j.owner THEN
+        PERFORM cron._check_database(coalesce(database, pg_catalog.current_database()), owner);
+    END IF;
+    IF command IS NOT NULL AND btrim(command) = '' THEN
+        PERFORM pgsched._bad_arg('command', quote_literal(command), 'non-empty SQL text');
+    END IF;
+    -- The checks are done; each change below is pgsched's own (an error in any of them rolls
+    -- the whole call back).
+    IF schedule IS NOT NULL OR active IS NOT NULL THEN
+        -- pg_cron's schedule is the whole schedule: fixed, no origin, UTC (as pgsched.schedule sets it).
+        PERFORM pgsched.alter_job(j.job_id, schedule => schedule, scheduled => active,
+                                  fixed_schedule => CASE WHEN schedule IS NOT NULL THEN true END);
+    END IF;
+    IF command IS NOT NULL THEN
+        UPDATE pgsched.job x SET command = alter_job.command WHERE x.job_id = j.job_id;
+    END IF;
+    -- (database: checked above; it can only be this one.)
+    IF owner <> j.owner THEN
+        PERFORM cron._set_owner(j.job_id, owner);
+    END IF;
+END
+$$;
+
+-- Who may use it: like pgsched's own API, every role (row-level security and the checks above
+-- decide the rest). Granted when the schema is created only, so a later REVOKE stays.
+DO $grants$
+BEGIN
+    IF obj_description('cron'::regnamespace, 'pg_namespace') IS DISTINCT FROM 'pgsched pg_cron compatibility' THEN
+        GRANT USAGE ON SCHEMA cron TO PUBLIC;
+        GRANT SELECT ON cron.job, cron.job_run_details TO PUBLIC;
+    END IF;
+END
+$grants$;
+
+COMMENT ON SCHEMA cron IS 'pgsched pg_cron compatibility';

@@ -1,0 +1,166 @@
+"""`pgsched import pg-cron` against a real pg_cron 1.4 (Debian postgresql-15-cron) in a cluster
+of its own (shared_preload_libraries = 'pg_cron'): named, unnamed, inactive, other-owner and
+other-database jobs are imported with --disable-source in one transaction; then pgsched runs
+every imported active job on its schedule and pg_cron runs none; a second import changes
+nothing. Skipped, with the reason, where the pg_cron package is not installed (./dev tries)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgsched.embedded import Cluster, find_bindir
+from tests.acceptance.conftest import PGSCHED, ServeFactory, query, wait_for
+
+SOURCE_DB = "cronsrc"
+
+
+def _pg_cron_installed() -> bool:
+    try:
+        return (find_bindir().parent / "lib" / "pg_cron.so").exists()
+    except Exception:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _pg_cron_installed(),
+                                reason="pg_cron is not installed (Debian package postgresql-15-cron; ./dev installs it "
+                                       "where it may)")
+
+
+@pytest.fixture(scope="module")
+def cron_cluster() -> Iterator[Cluster]:
+    tmp = tempfile.mkdtemp(prefix="pgsched-pgcron-")
+    Path(tmp).chmod(0o755)
+    cluster = Cluster(datadir=Path(tmp) / "data", settings={
+        "shared_preload_libraries": "'pg_cron'", "cron.database_name": f"'{SOURCE_DB}'",
+        "cron.use_background_workers": "on", "max_worker_processes": "32", "fsync": "off",
+    })
+    try:
+        cluster.initdb()
+        cluster.start()
+        cluster.wait_ready()
+        with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {SOURCE_DB}")
+            c.execute("CREATE DATABASE otherdb")
+        cluster.restart()  # pg_cron's launcher connects to cron.database_name at start
+        cluster.wait_ready()
+        yield cluster
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def import_cli(dsn: str, *args: str) -> str:
+    out = subprocess.run([str(PGSCHED), "import", "pg-cron", "--dsn", dsn, *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def cron_jobs(dsn: str) -> list[dict[str, Any]]:
+    return query(dsn, "SELECT jobid, jobname, username, database, active FROM cron.job ORDER BY jobid")
+
+
+def pgsched_jobs(dsn: str) -> list[dict[str, Any]]:
+    return query(dsn, "SELECT job_id, job_name, owner::text AS owner, schedule, command, scheduled, config "
+                      "FROM pgsched.jobs ORDER BY job_id")
+
+
+def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: ServeFactory) -> None:
+    from pgsched import migrate
+
+    dsn = cron_cluster.dsn(SOURCE_DB)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE EXTENSION pg_cron")
+        migrate.init(c)
+        c.execute("CREATE ROLE alice LOGIN")
+        c.execute("CREATE TABLE public.ticks (job text, via text DEFAULT current_user, "
+                  "at timestamptz DEFAULT clock_timestamp())")
+        c.execute("GRANT INSERT ON public.ticks TO alice")
+        tick = "INSERT INTO public.ticks (job) VALUES ('{}')"
+        ids = {
+            "unnamed": c.execute("SELECT cron.schedule('* * * * *', %s)", (tick.format("unnamed"),)).fetchone(),
+            "named": c.execute("SELECT cron.schedule('named', '* * * * *', %s)", (tick.format("named"),)).fetchone(),
+            "inactive": c.execute("SELECT cron.schedule('inactive', '* * * * *', %s)",
+                                  (tick.format("inactive"),)).fetchone(),
+            "alices": c.execute("SELECT cron.schedule_in_database('alices', '* * * * *', %s, %s, 'alice')",
+                                (tick.format("alices"), SOURCE_DB)).fetchone(),
+            "elsewhere": c.execute("SELECT cron.schedule_in_database('elsewhere', '* * * * *', 'SELECT 1', "
+                                   "'otherdb')").fetchone(),
+        }
+        jobid = {k: int(v[0]) for k, v in ids.items() if v}
+        c.execute("SELECT cron.alter_job(%s, active := false)", (jobid["inactive"],))
+        # One finished run in pg_cron's history, for --history.
+        c.execute("""INSERT INTO cron.job_run_details (jobid, job_pid, database, username, command, status,
+                                                       return_message, start_time, end_time)
+                     VALUES (%s, 4242, %s, 'postgres', 'x', 'succeeded', 'INSERT 0 1',
+                             '2026-01-01 00:00:00+00', '2026-01-01 00:00:01+00')""", (jobid["named"], SOURCE_DB))
+
+    out = import_cli(dsn, "--history", "--disable-source")
+    switched = datetime.now(UTC)
+    assert "4 created, 0 updated, 0 unchanged, 1 not imported" in out, out
+    assert f"NOT imported: pg_cron job {jobid['elsewhere']} ('elsewhere'): it runs in database otherdb" in out, out
+    assert "history: 1 run(s) copied" in out, out
+    assert {r["jobname"] or "unnamed": r["active"] for r in cron_jobs(dsn)} == {
+        "unnamed": False, "named": False, "inactive": False, "alices": False, "elsewhere": True}
+    jobs = {r["config"]["pg_cron"]["jobid"]: r for r in pgsched_jobs(dsn)}
+    assert sorted(jobs) == sorted(v for k, v in jobid.items() if k != "elsewhere")
+    assert {k: (jobs[jobid[k]]["owner"], jobs[jobid[k]]["scheduled"], jobs[jobid[k]]["schedule"])
+            for k in ("unnamed", "named", "inactive", "alices")} == {
+        "unnamed": ("postgres", True, "* * * * *"), "named": ("postgres", True, "* * * * *"),
+        "inactive": ("postgres", False, "* * * * *"), "alices": ("alice", True, "* * * * *")}
+    assert jobs[jobid["named"]]["job_name"] == "named"
+    hist = query(dsn, "SELECT outcome, message, started_at FROM pgsched.job_history WHERE job_id = %s",
+                 (jobs[jobid["named"]]["job_id"],))
+    assert [(h["outcome"], h["message"]) for h in hist] == [("success", "INSERT 0 1")]
+
+    # A second import (the source's jobs are inactive now) changes nothing on either side.
+    before = (pgsched_jobs(dsn), cron_jobs(dsn))
+    again = import_cli(dsn, "--history", "--disable-source")
+    assert "0 created, 0 updated, 4 unchanged, 1 not imported" in again, again
+    assert "history" not in again
+    assert (pgsched_jobs(dsn), cron_jobs(dsn)) == before
+
+    # pgsched runs each imported active job at the next minute; pg_cron runs none of them.
+    s = serve(dsn, "--shutdown-timeout", "1")
+    minute = switched.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+    def ran() -> set[str] | None:
+        got = {r["job"] for r in query(dsn, "SELECT DISTINCT job FROM public.ticks WHERE at >= %s", (minute,))}
+        return got if got >= {"unnamed", "named", "alices"} else None
+
+    wait_for(ran, 90, "a run of each imported active job")
+    ticks = query(dsn, "SELECT job, via FROM public.ticks WHERE at >= %s ORDER BY job", (minute,))
+    assert sorted({(t["job"], t["via"]) for t in ticks}) == [
+        ("alices", "alice"), ("named", "postgres"), ("unnamed", "postgres")]
+    assert len(ticks) == 3, ticks  # one run each: pg_cron ran none of them
+    # pg_cron is alive (it runs the job it kept, in otherdb, at the same minute) and ran none of the others.
+    wait_for(lambda: query(dsn, "SELECT 1 FROM cron.job_run_details WHERE jobid = %s AND start_time >= %s",
+                           (jobid["elsewhere"], minute)) or None, 30, "pg_cron's run of the job it kept")
+    assert query(dsn, "SELECT count(*) AS n FROM cron.job_run_details WHERE start_time >= %s AND jobid <> %s",
+                 (switched, jobid["elsewhere"]))[0]["n"] == 0
+    assert s.proc.poll() is None, s.log()
+
+
+def test_import_refuses_a_switch_over_across_databases(cron_cluster: Cluster) -> None:
+    out = subprocess.run([str(PGSCHED), "import", "pg-cron", "--dsn", cron_cluster.dsn(SOURCE_DB), "--target",
+                          cron_cluster.dsn("otherdb"), "--disable-source"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "--disable-source switches over in one transaction" in out.stderr, out
+
+
+def test_compat_schema_is_refused_beside_pg_cron(cron_cluster: Cluster) -> None:
+    from pgsched import migrate
+    from pgsched.errors import PgCronConflict
+
+    with psycopg.connect(cron_cluster.dsn(SOURCE_DB), autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
+        with pytest.raises(PgCronConflict, match=r"the pg_cron extension \(version [0-9.-]+\) is installed"):
+            migrate.init(c, pg_cron_compat=True)
