@@ -106,6 +106,7 @@ class JobSpec:
     schedule_delay: str
     allow_stale_reentry: bool
     scope_query: str | None
+    database: str | None = None
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -116,7 +117,7 @@ class JobSpec:
             "catch_up": self.catch_up, "config": self.config, "scheduled": self.scheduled,
             "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
-            "scope_query": self.scope_query,
+            "scope_query": self.scope_query, "database": self.database,
         }
 
 
@@ -203,6 +204,7 @@ def job(
     schedule_delay: str | timedelta = NO_DELAY,
     allow_stale_reentry: bool = False,
     scope_query: str | None = None,
+    database: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
@@ -210,6 +212,7 @@ def job(
     qualified name (module.function) unless `name=` is given; it must be stable.
     With `scope_query=` (a SQL query returning keys) each plan runs once per key,
     which the handler finds in `run.scope`; the deploy checks that the query plans.
+    With `database=` the run's session opens in that database of the same server.
     """
 
     def declare(func: F) -> F:
@@ -249,6 +252,9 @@ def job(
                 f"scope keys in its first column (such as 'SELECT region FROM regions'), or None for a job that "
                 f"is not scoped, not {shown!r}")
         window = _duration(catch_up_window, "catch_up_window", fn, allow_none=True)
+        if database is not None and (not isinstance(database, str) or not database.strip()):
+            raise JobDeclarationError(f"{fn}: database must be the name of a database, or None for the "
+                                      f"scheduler's own, not {database!r}")
         if initial_start is not None and initial_start.tzinfo is None:
             raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
         try:
@@ -271,7 +277,7 @@ def job(
             retry_period=_duration(retry_period, "retry_period", fn, allow_none=False) or "",
             catch_up=catch_up, config=config, scheduled=scheduled,
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
-            allow_stale_reentry=allow_stale_reentry, scope_query=scope_query,
+            allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
         )
         return func
 

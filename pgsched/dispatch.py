@@ -86,7 +86,8 @@ class Dispatch(LoopState):
         paired: dict[int, Worker] = {}
         for c in runs:
             assert c.run is not None
-            match = next((w for w in free if w.role == c.run.job.owner), None)
+            job = c.run.job
+            match = next((w for w in free if (w.role, w.database) == (job.owner, job.database)), None)
             if match is not None:
                 free.remove(match)
                 paired[c.run_id] = match
@@ -122,6 +123,7 @@ class Dispatch(LoopState):
         try:
             worker.send({
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
+                "database": job.database,
                 "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
                 "command": job.command, "config": run.config, "app": run.app_name, "job_name": job.job_name,
                 "scope_query": job.scope_query if run.fans_out else None,
@@ -175,6 +177,7 @@ class Dispatch(LoopState):
         if isinstance(ev, protocol.Ready | protocol.Backend):
             worker.backend_pid = ev.backend_pid
             worker.role = ev.role or None
+            worker.database = ev.database
             if worker.run is not None:
                 worker.run.backend_pid, worker.run.pids_changed = worker.backend_pid, True
         if isinstance(ev, protocol.Ready):

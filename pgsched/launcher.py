@@ -31,6 +31,7 @@ class Worker:
     pid: int
     backend_pid: int | None = None
     role: str | None = None  # the role its session runs as (a job's owner)
+    database: str | None = None  # the database its session is in (a job's); None: the scheduler's
     ready: bool = False
     run: Run | None = None
     retiring: bool = False  # do not give it another run

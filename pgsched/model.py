@@ -37,6 +37,7 @@ class JobSettings:
     schedule_delay: timedelta = timedelta(0)
     allow_stale_reentry: bool = False
     scope_query: str | None = None
+    database: str | None = None  # the database its runs' sessions open in; None: the scheduler's own
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:
@@ -83,6 +84,7 @@ class Job:
     schedule_delay: timedelta = timedelta(0)  # a plan becomes eligible this long after its plan time
     allow_stale_reentry: bool = False
     scope_query: str | None = None  # a scoped job: each plan runs once per key this query returns
+    database: str | None = None  # its runs' sessions open in this database; None: the scheduler's own
 
 
 @dataclass

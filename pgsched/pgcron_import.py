@@ -8,13 +8,14 @@ cron.job (pg_cron's cron.database_name): one connection, one transaction. Into a
 database the import works without `disable_source` (the switch is then the operator's).
 
 Each imported job keeps pg_cron's name, owner (the job is created as that role), schedule,
-command and active flag; its config records where it came from ({"pg_cron": {"jobid": N,
+command, database (pgsched's `database` setting when it is not the one imported into) and active
+flag; its config records where it came from ({"pg_cron": {"jobid": N,
 "source": "<database>"}}), which is how a second import finds it: it changes nothing that is
 already as the source says (idempotent), and a job this import made inactive in pg_cron keeps
 its pgsched active flag. What cannot be translated is listed with the reason and left alone
-(its pg_cron job stays active): a job in another database (pgsched runs a job in the database
-that holds it), an owner role that does not exist here, a schedule pgsched refuses, a name
-already used by a pgsched job of that role that was not imported.
+(its pg_cron job stays active): an owner role that does not exist here or cannot log in, a
+database that role may not connect to, a schedule pgsched refuses, a name already used by a
+pgsched job of that role that was not imported.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _read_history(conn: psycopg.Connection[Any], jobids: list[int]) -> list[dict
 
 
 def _find_imported(cur: psycopg.Cursor[Any], source: str, jobid: int) -> dict[str, Any] | None:
-    cur.execute("SELECT job_id, job_name, owner::text AS owner, schedule, command, scheduled, config "
+    cur.execute("SELECT job_id, job_name, owner::text AS owner, schedule, command, scheduled, config, database "
                 "FROM pgsched.job WHERE config @> %s", (Jsonb({"pg_cron": {"jobid": jobid, "source": source}}),))
     return cur.fetchone()
 
@@ -89,11 +90,9 @@ def _translate(cur: psycopg.Cursor[Any], here: str, source: str, job: dict[str, 
                disable_source: bool, report: ImportReport) -> int | None:
     """Create or update the pgsched job of one pg_cron job; its id, or None (listed in report.skipped)."""
     jobid, name = int(job["jobid"]), job["jobname"]
+    # A job in another database keeps it (pgsched's `database` setting: its runs' sessions open there).
     db = job["database"] or source
-    if db != here:
-        report.skipped.append((jobid, name, f"it runs in database {db}: pgsched runs a job in the database that "
-                                            f"holds it (install pgsched in {db} and import there)"))
-        return None
+    database = None if db == here else db
     cur.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s", (job["username"],))
     role = cur.fetchone()
     if role is None or not role["rolcanlogin"]:
@@ -123,21 +122,24 @@ def _translate(cur: psycopg.Cursor[Any], here: str, source: str, job: dict[str, 
             row = cur.fetchone()
             assert row is not None
             job_id = int(row["id"])
-            cur.execute("SELECT * FROM pgsched.alter_job(%s, config => %s, scheduled => %s)",
-                        (job_id, Jsonb(provenance), active))
+            cur.execute("SELECT * FROM pgsched.alter_job(%s, config => %s, scheduled => %s, database => %s)",
+                        (job_id, Jsonb(provenance), active, database))
             report.created.append((jobid, job_id))
         else:
             job_id = int(existing["job_id"])
-            same = (existing["schedule"], existing["command"], existing["owner"], existing["scheduled"]) == \
-                (job["schedule"].strip(), job["command"], job["username"], active)
+            same = (existing["schedule"], existing["command"], existing["owner"], existing["scheduled"],
+                    existing["database"]) == (job["schedule"].strip(), job["command"], job["username"], active,
+                                              database)
             if same and (not name or existing["job_name"] == name):
                 report.unchanged.append((jobid, job_id))
             else:
                 if existing["owner"] != job["username"]:
                     raise _Skip(f"it was imported as pgsched job {job_id} of role {existing['owner']}, and its user "
                                 f"is now {job['username']}: unschedule that job and import again")
+                # database '' is the scheduler's own again.
                 cur.execute("SELECT * FROM pgsched.alter_job(%s, schedule => %s, scheduled => %s, job_name => %s, "
-                            "config => %s)", (job_id, job["schedule"], active, name, Jsonb(provenance)))
+                            "config => %s, database => %s)",
+                            (job_id, job["schedule"], active, name, Jsonb(provenance), database or ""))
                 cur.execute("UPDATE pgsched.job SET command = %s WHERE job_id = %s", (job["command"], job_id))
                 report.updated.append((jobid, job_id))
         cur.execute("RESET ROLE")

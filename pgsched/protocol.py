@@ -41,6 +41,7 @@ class Ready:
     pid: int
     backend_pid: int
     role: str | None = None
+    database: str | None = None  # None: the scheduler's own
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Backend:
     run_id: int
     backend_pid: int
     role: str | None = None
+    database: str | None = None  # None: the scheduler's own
 
 
 @dataclass(frozen=True)

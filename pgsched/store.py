@@ -464,7 +464,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
                                     "months": row["months"], "days": row["days"], "micros": row["micros"]}),
         max_runtime=s.max_runtime, max_retries=s.max_retries, retry_period=s.retry_period,
         catch_up=Policy(s.catch_up, s.catch_up_window, s.max_plans_per_tick), schedule_delay=s.schedule_delay,
-        allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query,
+        allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query, database=s.database,
     )
 
 

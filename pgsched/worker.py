@@ -110,7 +110,9 @@ class Session:
     A job runs in a session whose session user is the job's owner: nothing its SQL
     does (RESET ROLE, SET ROLE, SET SESSION AUTHORIZATION, RESET ALL) can reach the
     scheduler's role, because the session never had it. A worker keeps its owner's
-    connection between runs and reconnects only when it is given another owner's job.
+    connection between runs and reconnects only when it is given another owner's job,
+    or a job in another database (a job's `database`, pg_cron's schedule_in_database:
+    the session opens there; None is the scheduler's own).
     """
 
     def __init__(self, dsn: str) -> None:
@@ -120,10 +122,13 @@ class Session:
         assert row is not None
         self.default_role: str = row[0]
         self.role: str = row[0]
+        self.database: str | None = None
         self.backend_pid: int = row[1]
 
-    def _connect(self, role: str | None) -> psycopg.Connection[Any]:
+    def _connect(self, role: str | None, database: str | None = None) -> psycopg.Connection[Any]:
         params = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        if database is not None:
+            params["dbname"] = database
         if role is not None:
             # The scheduler's password is not the owner's: libpq finds the owner's in its
             # password file, or the server trusts the scheduler's host for it (docs/security.md).
@@ -141,20 +146,20 @@ class Session:
 
     def reconnect(self) -> None:
         """A new connection as the current role, after the server closed ours (psycopg.Error if it cannot)."""
-        new = self._connect(None if self.role == self.default_role else self.role)
+        new = self._connect(None if self.role == self.default_role else self.role, self.database)
         row = new.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         old, self.conn, self.backend_pid = self.conn, new, row[0]
         old.close()
 
-    def become(self, role: str) -> None:
-        """Reconnect as `role` (psycopg.Error if it cannot log in; the old session is then kept)."""
-        if role == self.role:
+    def become(self, role: str, database: str | None = None) -> None:
+        """Reconnect as `role` in `database` (psycopg.Error if it cannot; the old session is then kept)."""
+        if (role, database) == (self.role, self.database):
             return
-        new = self._connect(None if role == self.default_role else role)
+        new = self._connect(None if role == self.default_role else role, database)
         row = new.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
-        old, self.conn, self.role, self.backend_pid = self.conn, new, role, row[0]
+        old, self.conn, self.role, self.database, self.backend_pid = self.conn, new, role, database, row[0]
         old.close()
 
 
@@ -284,22 +289,26 @@ def main() -> int:
                 session.reconnect()
             except psycopg.Error:
                 return EXIT_LOST
-            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role))
+            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
+                               database=session.database))
         owner = msg.get("owner")
+        database = msg.get("database") or None
         if not owner:
             # Never fall back to the scheduler's own role.
             _emit(out, Done(msg["run_id"], ok=False, owner_unusable=True, sqlstate="28000",
                             message="the run names no owner: refused"))
             continue
-        if owner != session.role:
+        if (owner, database) != (session.role, session.database):
             try:
-                session.become(owner)
+                session.become(owner, database)
             except psycopg.Error as e:
                 _emit(out, Done(msg["run_id"], ok=False, owner_unusable=True, sqlstate=e.sqlstate or "28000",
-                                message=protocol.cap(f"cannot open a session as the job's owner {owner}: "
+                                message=protocol.cap(f"cannot open a session as the job's owner {owner}"
+                                                     f"{f' in database {database}' if database else ''}: "
                                                      f"{str(e).strip()}")))
                 continue
-            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role))
+            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
+                               database=session.database))
         result = run_one(session.conn, msg, heartbeat)
         # Report first, then reset: the reset overlaps the parent's bookkeeping.
         _emit(out, result)

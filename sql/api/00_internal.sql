@@ -433,9 +433,10 @@ BEGIN
 END
 $$;
 
--- A job's database (pg_cron's schedule_in_database and alter_job, sql/compat/pg_cron.sql),
--- checked for the role the job runs as: it exists, accepts connections, and the role may
--- connect to it (the messages are pg_cron's).
+-- A job's database (pg_cron's schedule_in_database), checked when it is given, for the role
+-- the job runs as: it exists, accepts connections, and the role may connect to it (the
+-- messages are pg_cron's). The scheduler connects there as the owner (pgsched/worker.py); a
+-- database that goes away later disables the job with the connection's error as the reason.
 CREATE OR REPLACE FUNCTION pgsched._check_database(database text, owner regrole)
 RETURNS void LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$

@@ -44,7 +44,15 @@ BEGIN
         'pgsched._alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
-            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean)']
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean)',
+        -- with scope_query, before database (migration 0006)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -88,7 +96,8 @@ SELECT pgsched._define_type('job_settings', $$
     max_plans_per_tick  integer,
     schedule_delay      interval,
     allow_stale_reentry boolean,
-    scope_query         text
+    scope_query         text,
+    database            text         -- NULL: the scheduler's own database
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -211,7 +220,13 @@ $$;
 -- the scheduler will run it (pgsched/worker.py): SELECT s.* FROM (<query>) AS s. VOLATILE
 -- because EXPLAIN is a utility statement, which PostgreSQL refuses in a STABLE function. Not SECURITY DEFINER (nor is anything that
 -- calls it): the query is planned with the caller's rights, never the schema owner's.
-CREATE OR REPLACE FUNCTION pgsched._check_settings(s pgsched.job_settings, check_scope boolean DEFAULT true)
+--
+-- check_database false likewise leaves the stored database unchecked (a job whose database was
+-- dropped can still be altered or disabled); a given one is checked for `owner` (NULL: the
+-- caller, who becomes the owner of a new job), as the scheduler will connect (pgsched/worker.py).
+CREATE OR REPLACE FUNCTION pgsched._check_settings(s pgsched.job_settings, check_scope boolean DEFAULT true,
+                                                   check_database boolean DEFAULT true,
+                                                   owner regrole DEFAULT NULL)
 RETURNS interval LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -282,6 +297,9 @@ BEGIN
     IF length(s.job_name) > 500 THEN
         PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(s.job_name)),
                                  'a name of at most 500 characters');
+    END IF;
+    IF s.database IS NOT NULL AND check_database THEN
+        PERFORM pgsched._check_database(s.database, coalesce(owner, current_user::regrole));
     END IF;
     IF s.scope_query IS NOT NULL AND check_scope THEN
         IF s.scope_query !~ '\S' THEN
@@ -395,7 +413,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     max_plans_per_tick integer DEFAULT 100,
     schedule_delay interval DEFAULT interval '0',
     allow_stale_reentry boolean DEFAULT false,
-    scope_query text DEFAULT NULL)
+    scope_query text DEFAULT NULL,
+    database text DEFAULT NULL)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -408,7 +427,7 @@ SET intervalstyle = 'postgres' AS $$
                                    'retry_period', retry_period, 'catch_up', catch_up,
                                    'catch_up_window', catch_up_window, 'max_plans_per_tick', max_plans_per_tick,
                                    'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
-                                   'scope_query', scope_query)))
+                                   'scope_query', scope_query, 'database', database)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -432,7 +451,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     max_plans_per_tick integer DEFAULT 100,
     schedule_delay interval DEFAULT interval '0',
     allow_stale_reentry boolean DEFAULT false,
-    scope_query text DEFAULT NULL)
+    scope_query text DEFAULT NULL,
+    database text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -443,7 +463,8 @@ BEGIN
                            max_runtime => max_runtime, max_retries => max_retries, retry_period => retry_period,
                            catch_up => catch_up, if_not_exists => if_not_exists, catch_up_window => catch_up_window,
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
-                           allow_stale_reentry => allow_stale_reentry, scope_query => scope_query);
+                           allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
+                           database => database);
 END
 $$;
 
@@ -513,7 +534,12 @@ BEGIN
         END IF;
         s.config := coalesce(s.config, '{}'::jsonb) || _alter_job.config_merge;
     END IF;
-    iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query');
+    -- '' is the scheduler's own database again.
+    IF s.database = '' THEN
+        s.database := NULL;
+    END IF;
+    iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
+                                  check_database => given ? 'database', owner => j.owner);
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
@@ -578,7 +604,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     max_plans_per_tick integer DEFAULT NULL,
     schedule_delay interval DEFAULT NULL,
     allow_stale_reentry boolean DEFAULT NULL,
-    scope_query text DEFAULT NULL)
+    scope_query text DEFAULT NULL,
+    database text DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -593,7 +620,7 @@ SET intervalstyle = 'postgres' AS $$
             'max_runtime', $3, 'max_retries', $4, 'retry_period', $5, 'scheduled', $6, 'config', $7,
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
             'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
-            'allow_stale_reentry', $21, 'scope_query', $22))
+            'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)
@@ -644,7 +671,7 @@ BEGIN
     old := pgsched._job_settings(cur);
     s := pgsched._settings(old, jsonb_build_object('schedule', schedule, 'fixed_schedule', true,
                                                    'initial_start', NULL, 'timezone', NULL));
-    iv := pgsched._check_settings(s, check_scope => false);
+    iv := pgsched._check_settings(s, check_scope => false, check_database => false);
     s.schedule := btrim(s.schedule);
     UPDATE pgsched.job j
        SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL

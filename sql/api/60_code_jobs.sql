@@ -47,7 +47,8 @@ BEGIN
             CONTINUE;
         END IF;
         old := pgsched._job_settings(j);
-        iv := pgsched._check_settings(s, check_scope => s.scope_query IS DISTINCT FROM old.scope_query);
+        iv := pgsched._check_settings(s, check_scope => s.scope_query IS DISTINCT FROM old.scope_query,
+                                      check_database => s.database IS DISTINCT FROM old.database);
         IF j.kind <> 'python' THEN
             RAISE EXCEPTION USING ERRCODE = '42710',
                 MESSAGE = format('invalid job_name: %L is already the name of %s job %s of role %s',

@@ -37,7 +37,7 @@ $$;
 CREATE OR REPLACE VIEW cron.job WITH (security_invoker = true) AS
 SELECT j.job_id::bigint AS jobid, j.schedule, j.command,
        'localhost'::text AS nodename, pg_catalog.current_setting('port')::integer AS nodeport,
-       pg_catalog.current_database()::text AS database,
+       coalesce(j.database, pg_catalog.current_database()::text) AS database,
        pg_catalog.pg_get_userbyid(j.owner)::text AS username, j.scheduled AS active,
        cron._job_name(j.job_name, j.job_id) AS jobname
   FROM pgsched.job j
@@ -48,7 +48,7 @@ SELECT j.job_id::bigint AS jobid, j.schedule, j.command,
 -- outcome named in return_message.
 CREATE OR REPLACE VIEW cron.job_run_details WITH (security_invoker = true) AS
 SELECT r.job_id::bigint AS jobid, r.run_id AS runid, r.backend_pid AS job_pid,
-       pg_catalog.current_database()::text AS database,
+       coalesce(j.database, pg_catalog.current_database()::text) AS database,
        pg_catalog.pg_get_userbyid(j.owner)::text AS username, j.command,
        CASE r.outcome WHEN 'running' THEN 'running' WHEN 'queued' THEN 'starting'
                       WHEN 'success' THEN 'succeeded' ELSE 'failed' END AS status,
@@ -60,22 +60,12 @@ SELECT r.job_id::bigint AS jobid, r.run_id AS runid, r.backend_pid AS job_pid,
  WHERE j.kind = 'command' AND (j.owner = current_user::regrole OR cron._is_superuser());
 
 -- pg_cron's checks of a job's database for the role that will run it, at scheduling time:
--- it exists, accepts connections, and the role may connect to it. Then pgsched's limit: a job
--- runs in the database whose catalog holds it (a job's own database needs a catalog column,
--- that is a migration, which this release may not add while it serves release 0.1.0's
--- instances: README, "pg_cron compatibility").
+-- it exists, accepts connections, and the role may connect to it.
 CREATE OR REPLACE FUNCTION cron._check_database(database text, username regrole)
 RETURNS void LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgsched._check_database(database, username);
-    IF database <> pg_catalog.current_database() THEN
-        RAISE EXCEPTION USING ERRCODE = '0A000',
-            MESSAGE = format('invalid database: %L is not this database; pgsched runs a job in the database '
-                             || 'that holds it', database),
-            HINT = format('database must be %L (or schedule the job with pgsched installed in %L)',
-                          pg_catalog.current_database(), database);
-    END IF;
 END
 $$;
 
@@ -152,9 +142,7 @@ BEGIN
     PERFORM cron._check_database(database, owner);
     id := cron._as_owner(owner, 'SELECT pgsched.schedule(job_name => $1, schedule => $2, command => $3)',
                          ARRAY[job_name, schedule, command]);
-    IF active IS NOT NULL THEN
-        PERFORM pgsched.alter_job(id::integer, scheduled => active);
-    END IF;
+    PERFORM pgsched.alter_job(id::integer, database => database, scheduled => active);
     RETURN id;
 END
 $$;
@@ -243,7 +231,7 @@ BEGIN
         owner := cron._target_owner(username, 'alter_job');
     END IF;
     IF database IS NOT NULL OR owner <> j.owner THEN
-        PERFORM cron._check_database(coalesce(database, pg_catalog.current_database()), owner);
+        PERFORM cron._check_database(coalesce(database, j.database, pg_catalog.current_database()), owner);
     END IF;
     IF command IS NOT NULL AND btrim(command) = '' THEN
         PERFORM pgsched._bad_arg('command', quote_literal(command), 'non-empty SQL text');
@@ -258,9 +246,12 @@ BEGIN
     IF command IS NOT NULL THEN
         UPDATE pgsched.job x SET command = alter_job.command WHERE x.job_id = j.job_id;
     END IF;
-    -- (database: checked above; it can only be this one.)
+    -- The owner first: the database is then checked for the role the job will run as.
     IF owner <> j.owner THEN
         PERFORM cron._set_owner(j.job_id, owner);
+    END IF;
+    IF database IS NOT NULL THEN
+        PERFORM pgsched.alter_job(j.job_id, database => database);
     END IF;
 END
 $$;

@@ -70,18 +70,24 @@ def cron_jobs(dsn: str) -> list[dict[str, Any]]:
 
 
 def pgsched_jobs(dsn: str) -> list[dict[str, Any]]:
-    return query(dsn, "SELECT job_id, job_name, owner::text AS owner, schedule, command, scheduled, config "
-                      "FROM pgsched.jobs ORDER BY job_id")
+    return query(dsn, "SELECT job_id, job_name, owner::text AS owner, schedule, command, scheduled, config, "
+                      "database FROM pgsched.jobs ORDER BY job_id")
 
 
 def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: ServeFactory) -> None:
     from pgsched import migrate
 
     dsn = cron_cluster.dsn(SOURCE_DB)
+    with psycopg.connect(cron_cluster.dsn("otherdb"), autocommit=True) as c:
+        c.execute("CREATE TABLE public.ticks (job text, via text DEFAULT current_user, "
+                  "at timestamptz DEFAULT clock_timestamp())")
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE EXTENSION pg_cron")
         migrate.init(c)
         c.execute("CREATE ROLE alice LOGIN")
+        # A pgsched job of the same role and name that was not imported: pg_cron's 'kept' is not imported
+        # over it, and stays with pg_cron (whose runs of it show that pg_cron is alive).
+        c.execute("SELECT pgsched.alter_job(pgsched.schedule('kept', '1 hour', 'SELECT 1')::integer, scheduled => false)")
         c.execute("CREATE TABLE public.ticks (job text, via text DEFAULT current_user, "
                   "at timestamptz DEFAULT clock_timestamp())")
         c.execute("GRANT INSERT ON public.ticks TO alice")
@@ -93,8 +99,9 @@ def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: Se
                                   (tick.format("inactive"),)).fetchone(),
             "alices": c.execute("SELECT cron.schedule_in_database('alices', '* * * * *', %s, %s, 'alice')",
                                 (tick.format("alices"), SOURCE_DB)).fetchone(),
-            "elsewhere": c.execute("SELECT cron.schedule_in_database('elsewhere', '* * * * *', 'SELECT 1', "
-                                   "'otherdb')").fetchone(),
+            "elsewhere": c.execute("SELECT cron.schedule_in_database('elsewhere', '* * * * *', %s, 'otherdb')",
+                                   (tick.format("elsewhere"),)).fetchone(),
+            "kept": c.execute("SELECT cron.schedule('kept', '* * * * *', 'SELECT 1')").fetchone(),
         }
         jobid = {k: int(v[0]) for k, v in ids.items() if v}
         c.execute("SELECT cron.alter_job(%s, active := false)", (jobid["inactive"],))
@@ -106,17 +113,19 @@ def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: Se
 
     out = import_cli(dsn, "--history", "--disable-source")
     switched = datetime.now(UTC)
-    assert "4 created, 0 updated, 0 unchanged, 1 not imported" in out, out
-    assert f"NOT imported: pg_cron job {jobid['elsewhere']} ('elsewhere'): it runs in database otherdb" in out, out
+    assert "5 created, 0 updated, 0 unchanged, 1 not imported" in out, out
+    assert f"NOT imported: pg_cron job {jobid['kept']} ('kept'): role postgres already has a pgsched job named " \
+           "'kept' that was not imported" in out, out
     assert "history: 1 run(s) copied" in out, out
     assert {r["jobname"] or "unnamed": r["active"] for r in cron_jobs(dsn)} == {
-        "unnamed": False, "named": False, "inactive": False, "alices": False, "elsewhere": True}
-    jobs = {r["config"]["pg_cron"]["jobid"]: r for r in pgsched_jobs(dsn)}
-    assert sorted(jobs) == sorted(v for k, v in jobid.items() if k != "elsewhere")
-    assert {k: (jobs[jobid[k]]["owner"], jobs[jobid[k]]["scheduled"], jobs[jobid[k]]["schedule"])
-            for k in ("unnamed", "named", "inactive", "alices")} == {
-        "unnamed": ("postgres", True, "* * * * *"), "named": ("postgres", True, "* * * * *"),
-        "inactive": ("postgres", False, "* * * * *"), "alices": ("alice", True, "* * * * *")}
+        "unnamed": False, "named": False, "inactive": False, "alices": False, "elsewhere": False, "kept": True}
+    jobs = {r["config"]["pg_cron"]["jobid"]: r for r in pgsched_jobs(dsn) if "pg_cron" in (r["config"] or {})}
+    assert sorted(jobs) == sorted(v for k, v in jobid.items() if k != "kept")
+    assert {k: (jobs[jobid[k]]["owner"], jobs[jobid[k]]["scheduled"], jobs[jobid[k]]["schedule"],
+                jobs[jobid[k]]["database"]) for k in ("unnamed", "named", "inactive", "alices", "elsewhere")} == {
+        "unnamed": ("postgres", True, "* * * * *", None), "named": ("postgres", True, "* * * * *", None),
+        "inactive": ("postgres", False, "* * * * *", None), "alices": ("alice", True, "* * * * *", None),
+        "elsewhere": ("postgres", True, "* * * * *", "otherdb")}
     assert jobs[jobid["named"]]["job_name"] == "named"
     hist = query(dsn, "SELECT outcome, message, started_at FROM pgsched.job_history WHERE job_id = %s",
                  (jobs[jobid["named"]]["job_id"],))
@@ -125,7 +134,7 @@ def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: Se
     # A second import (the source's jobs are inactive now) changes nothing on either side.
     before = (pgsched_jobs(dsn), cron_jobs(dsn))
     again = import_cli(dsn, "--history", "--disable-source")
-    assert "0 created, 0 updated, 4 unchanged, 1 not imported" in again, again
+    assert "0 created, 0 updated, 5 unchanged, 1 not imported" in again, again
     assert "history" not in again
     assert (pgsched_jobs(dsn), cron_jobs(dsn)) == before
 
@@ -133,20 +142,26 @@ def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: Se
     s = serve(dsn, "--shutdown-timeout", "1")
     minute = switched.replace(second=0, microsecond=0) + timedelta(minutes=1)
 
-    def ran() -> set[str] | None:
-        got = {r["job"] for r in query(dsn, "SELECT DISTINCT job FROM public.ticks WHERE at >= %s", (minute,))}
-        return got if got >= {"unnamed", "named", "alices"} else None
+    other = cron_cluster.dsn("otherdb")
+
+    def ticks(at: str) -> list[dict[str, Any]]:
+        return query(at, "SELECT job, via, current_database() AS db FROM public.ticks WHERE at >= %s ORDER BY job",
+                     (minute,))
+
+    def ran() -> bool:
+        return {t["job"] for t in ticks(dsn) + ticks(other)} >= {"unnamed", "named", "alices", "elsewhere"}
 
     wait_for(ran, 90, "a run of each imported active job")
-    ticks = query(dsn, "SELECT job, via FROM public.ticks WHERE at >= %s ORDER BY job", (minute,))
-    assert sorted({(t["job"], t["via"]) for t in ticks}) == [
-        ("alices", "alice"), ("named", "postgres"), ("unnamed", "postgres")]
-    assert len(ticks) == 3, ticks  # one run each: pg_cron ran none of them
-    # pg_cron is alive (it runs the job it kept, in otherdb, at the same minute) and ran none of the others.
+    got = ticks(dsn) + ticks(other)
+    assert sorted((t["job"], t["via"], t["db"]) for t in got) == [
+        ("alices", "alice", SOURCE_DB), ("elsewhere", "postgres", "otherdb"), ("named", "postgres", SOURCE_DB),
+        ("unnamed", "postgres", SOURCE_DB)]
+    assert len(got) == 4, got  # one run each: pg_cron ran none of them
+    # pg_cron is alive (it runs the job it kept at the same minute) and ran none of the others.
     wait_for(lambda: query(dsn, "SELECT 1 FROM cron.job_run_details WHERE jobid = %s AND start_time >= %s",
-                           (jobid["elsewhere"], minute)) or None, 30, "pg_cron's run of the job it kept")
+                           (jobid["kept"], minute)) or None, 30, "pg_cron's run of the job it kept")
     assert query(dsn, "SELECT count(*) AS n FROM cron.job_run_details WHERE start_time >= %s AND jobid <> %s",
-                 (switched, jobid["elsewhere"]))[0]["n"] == 0
+                 (switched, jobid["kept"]))[0]["n"] == 0
     assert s.proc.poll() is None, s.log()
 
 
