@@ -117,7 +117,8 @@ def _sql(conn: Conn, expr: str, tz: str, after: datetime, n: int) -> list[dateti
     except psycopg.errors.InvalidParameterValue:
         return None
     assert row is not None
-    return list(row[0])
+    runs: list[datetime] = row[0]  # type: ignore[assignment]
+    return runs
 
 
 @pytest.fixture(scope="module")
