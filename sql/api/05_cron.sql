@@ -62,6 +62,7 @@ DECLARE
     last_ integer;
     step integer;
     out_ integer[] := '{}';
+    forms constant text := '5 fields (min hour dom month dow), 6 (sec first) or 7 (sec first, year last)';
 BEGIN
     FOREACH item IN ARRAY string_to_array(body, ',') LOOP
         m := regexp_match(item, '^(\*|\?|\w+(?:-\w+)?)(?:/(\w+))?$');
@@ -89,12 +90,13 @@ BEGIN
         step := 1;
         IF m[2] IS NOT NULL THEN
             IF m[2] !~ '^[0-9]+$' OR m[2]::numeric = 0 THEN
-                PERFORM pgsched._cron_fail(norm, fname, format('has bad step ''%s'' (expected a positive integer)', m[2]));
+                PERFORM pgsched._bad_arg('schedule', format('cron expression %L: step %s in the %s field is not a '
+                                         || 'positive integer', norm, m[2], fname), forms);
             END IF;
             -- as pg_cron: a step above the field's largest value ('*/60' minutes) is refused
             IF length(m[2]) > 9 OR m[2]::numeric > hi THEN
-                PERFORM pgsched._cron_fail(norm, fname, format('has step %s, larger than its largest value %s',
-                                                               m[2], hi));
+                PERFORM pgsched._bad_arg('schedule', format('cron expression %L: step %s in the %s field is larger '
+                                         || 'than its largest value %s', norm, m[2], fname, hi), forms);
             END IF;
             step := m[2]::integer;
         END IF;
