@@ -52,8 +52,8 @@ def main() -> None:
         paths: list[tuple[str, str]] = []
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE DATABASE bench_sql")
-            row = conn.execute("SELECT plpython FROM pgsched.api_state").fetchone()
-            if row and row[0]:
+            state = conn.execute("SELECT plpython FROM pgsched.api_state").fetchone()
+            if state and state[0]:
                 paths.append(("plpython", dsn))
         sql_dsn = psycopg.conninfo.make_conninfo(dsn, dbname="bench_sql")
         with psycopg.connect(sql_dsn, autocommit=True) as conn:
