@@ -240,15 +240,7 @@ def _drop_plpython_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
     )
     for (fn,) in cur.fetchall():
         cur.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(sql.SQL(str(fn))))
-    # next_runs exists only with PL/Python; its public wrapper goes with it.
-    cur.execute("DROP FUNCTION IF EXISTS pgsched.next_runs(text, integer, text, timestamptz) CASCADE")
-    cur.execute(
-        """SELECT p.oid::regprocedure::text FROM pg_proc p
-            WHERE p.pronamespace = 'public'::regnamespace AND p.proname = 'next_runs'
-              AND obj_description(p.oid, 'pg_proc') = 'pgsched API wrapper'"""
-    )
-    for (fn,) in cur.fetchall():
-        cur.execute(sql.SQL("DROP FUNCTION {}").format(sql.SQL(str(fn))))
+    # next_runs stays: sql/api/05_cron.sql gives it a plain-SQL body when the files are applied next.
 
 
 def _applied(cur: psycopg.Cursor[Any]) -> dict[int, str]:
