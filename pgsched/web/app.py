@@ -179,12 +179,13 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             starts_error = None
         except schedule.ScheduleError as e:
             starts, starts_error = [], str(e)
-        hist = query.history(c, job_id=job_id, limit=_int(request.query_params.get("runs"), 50, 1, 1000))
+        runs = _int(request.query_params.get("runs"), 25, 1, 1000)
+        hist = query.history(c, job_id=job_id, limit=runs)
         window = timedelta(hours=24)
         tl, note = _timeline(c, now - window, now, job_id)
         return render(request, "job.html", s, live=dashboard.fingerprint(c), job=j, starts=starts,
                       starts_error=starts_error, history=hist, words=words.describe(j["schedule"], j["timezone"]),
-                      timeline=tl, timeline_note=note, actions=ACTIONS)
+                      timeline=tl, timeline_note=note, runs=runs)
 
     def timeline(request: Request, s: Session) -> Response:
         c = s.conn

@@ -73,7 +73,7 @@ class Timeline:
     end: datetime
     width: int
     height: int
-    rows: list[tuple[float, str, str]]  # y, label, href
+    rows: list[tuple[float, str, str]]  # y (the row's top), label, href
     rects: list[Rect] = field(default_factory=list)
     ticks: list[tuple[float, str]] = field(default_factory=list)
     bucket: timedelta | None = None
@@ -84,7 +84,7 @@ def _x(t: datetime, start: datetime, span: float) -> float:
 
 
 def _frame(start: datetime, end: datetime, jobs: list[dict[str, Any]], link: str) -> Timeline:
-    rows = [(i * ROW_HEIGHT + 20.0, f"{j['job_id']} {j['job_name']}", link.format(job_id=j["job_id"]))
+    rows = [(i * ROW_HEIGHT + 8.0, f"{j['job_id']} {j['job_name']}", link.format(job_id=j["job_id"]))
             for i, j in enumerate(jobs)]
     span = (end - start).total_seconds()
     ticks = [(_x(start + timedelta(seconds=span * k / 6), start, span),
