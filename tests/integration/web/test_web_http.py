@@ -13,23 +13,15 @@ import pytest
 
 pytest.importorskip("starlette", reason="the web extra (pip install 'pgsched[web]') is not installed")
 
-from click.testing import CliRunner  # noqa: E402
-from starlette.testclient import TestClient  # noqa: E402
+from click.testing import CliRunner
+from starlette.testclient import TestClient
 
-from pgsched import cli  # noqa: E402
-from pgsched.errors import ConfigError  # noqa: E402
-from pgsched.web import app as web_app  # noqa: E402
-from pgsched.web import server  # noqa: E402
-from tests.integration.helpers import Conn, scalar  # noqa: E402
-from tests.integration.web_fixtures import (  # noqa: E402, F401
-    PASSWORD,
-    WebDb,
-    add_runs,
-    fail_once,
-    schedule_as,
-    wadmin,
-    webdb,
-)
+from pgsched import cli
+from pgsched.errors import ConfigError
+from pgsched.web import app as web_app
+from pgsched.web import server
+from tests.integration.helpers import Conn, scalar
+from tests.integration.web.conftest import PASSWORD, WebDb, add_runs, fail_once, schedule_as
 
 
 @pytest.fixture
@@ -199,7 +191,7 @@ def test_a_jobs_page_shows_its_settings_next_starts_and_history(webdb: WebDb, wa
                                                                  client: TestClient) -> None:
     j = schedule_as(webdb, webdb.odb.alice, "hourly", every="1 hour")
     now = scalar(wadmin, "SELECT now()")
-    add_runs(wadmin, j, now - timedelta(hours=2), 4, timedelta(minutes=20))  # type: ignore[operator]
+    add_runs(wadmin, j, now - timedelta(hours=2), 4, timedelta(minutes=20))
     sign_in(client, webdb.odb.alice)
     page = client.get(f"/jobs/{j}").text
     starts = re.findall(r"<li>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)</li>", page)
@@ -213,8 +205,8 @@ def test_the_timeline_draws_one_bar_per_run(webdb: WebDb, wadmin: Conn, client: 
     a = schedule_as(webdb, webdb.odb.alice, "tl-a")
     b = schedule_as(webdb, webdb.odb.alice, "tl-b")
     now = scalar(wadmin, "SELECT now()")
-    add_runs(wadmin, a, now - timedelta(minutes=50), 25, timedelta(minutes=2))  # type: ignore[operator]
-    add_runs(wadmin, b, now - timedelta(hours=3), 30, timedelta(minutes=10))  # type: ignore[operator]
+    add_runs(wadmin, a, now - timedelta(minutes=50), 25, timedelta(minutes=2))
+    add_runs(wadmin, b, now - timedelta(hours=3), 30, timedelta(minutes=10))
     sign_in(client, webdb.odb.alice)
     page = client.get("/timeline?window=1h").text
     in_window = scalar(wadmin, "SELECT count(*) FROM pgsched.job_run WHERE coalesce(started_at, plan_time) "
@@ -230,7 +222,7 @@ def test_a_crowded_timeline_is_bucketed_and_says_so(webdb: WebDb, wadmin: Conn, 
     monkeypatch.setattr(web_app, "MAX_BARS", 20)
     a = schedule_as(webdb, webdb.odb.alice, "busy")
     now = scalar(wadmin, "SELECT now()")
-    add_runs(wadmin, a, now - timedelta(minutes=50), 100, timedelta(seconds=29))  # type: ignore[operator]
+    add_runs(wadmin, a, now - timedelta(minutes=50), 100, timedelta(seconds=29))
     sign_in(client, webdb.odb.alice)
     page = client.get("/timeline?window=1h").text
     assert "more than 20 bars: bucketed by 30 s" in page
@@ -265,9 +257,9 @@ def test_single_user_uses_the_dsns_role_and_only_on_loopback(webdb: WebDb) -> No
         assert server.is_loopback(host)
     for host in ("0.0.0.0", "192.168.1.4", "::", "example.org"):
         assert not server.is_loopback(host)
-    with pytest.raises(ConfigError, match="--single-user: refusing to listen on 0.0.0.0"):
+    with pytest.raises(ConfigError, match=r"--single-user: refusing to listen on 0\.0\.0\.0"):
         server.serve(webdb.dsn, "0.0.0.0:8080", single_user=True, idle=60, lifetime=600)
-    with pytest.raises(ConfigError, match="--listen: 'nowhere' is not HOST:PORT"):
+    with pytest.raises(ConfigError, match=r"--listen: 'nowhere' is not HOST:PORT"):
         server.parse_listen("nowhere")
     r = CliRunner().invoke(cli.main, ["web", "--dsn", webdb.dsn, "--single-user", "--listen", "[::]:8080"])
     assert r.exit_code == 1 and "refusing to listen on ::" in r.output

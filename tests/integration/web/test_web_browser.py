@@ -27,17 +27,9 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: 
 from pgsched.embedded import free_port  # noqa: E402
 from pgsched.web.app import create_app  # noqa: E402
 from tests.integration.helpers import Conn, scalar  # noqa: E402
-from tests.integration.web_fixtures import (  # noqa: E402, F401
-    PASSWORD,
-    WebDb,
-    add_runs,
-    fail_once,
-    schedule_as,
-    wadmin,
-    webdb,
-)
+from tests.integration.web.conftest import PASSWORD, WebDb, add_runs, fail_once, schedule_as  # noqa: E402
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +101,7 @@ def test_a_wrong_password_is_refused(webdb: WebDb, page: Page) -> None:
 def test_a_failing_jobs_error_appears_on_its_page(webdb: WebDb, wadmin: Conn, page: Page) -> None:
     j = schedule_as(webdb, webdb.odb.alice, "load-invoices", "CALL public.job_fail(0, NULL)", every="15 minutes")
     now = scalar(wadmin, "SELECT now()")
-    add_runs(wadmin, j, now - timedelta(hours=20), 60, timedelta(minutes=15),  # type: ignore[operator]
+    add_runs(wadmin, j, now - timedelta(hours=20), 60, timedelta(minutes=15),
              ("success", "success", "success", "failure"))
     fail_once(webdb, webdb.odb.alice, j)
     sign_in(page, webdb.odb.alice)
@@ -151,7 +143,7 @@ def test_the_timeline_draws_one_bar_per_run(webdb: WebDb, wadmin: Conn, page: Pa
             (timedelta(minutes=10), ("success", "skipped", "timeout")),
             (timedelta(minutes=7), ("success", "crash", "success", "missed"))]):
         j = schedule_as(webdb, webdb.odb.alice, f"etl-step-{i + 1}")
-        add_runs(wadmin, j, now - timedelta(hours=1, minutes=30),  # type: ignore[operator]
+        add_runs(wadmin, j, now - timedelta(hours=1, minutes=30),
                  int(timedelta(hours=1, minutes=29) / every), every, outcomes)
     sign_in(page, webdb.odb.alice)
     page.goto("/timeline?window=1h")
@@ -183,7 +175,7 @@ def test_screenshots_of_the_overview_and_jobs(webdb: WebDb, wadmin: Conn, page: 
             j = schedule_as(webdb, webdb.odb.alice, name, every=["5 minutes", "1 hour", "0 * * * *",
                                                                   "*/10 * * * *", "30 2 * * *", "1 day"][i])
             n = 30 + 7 * i
-            add_runs(wadmin, j, now - timedelta(minutes=59), n, timedelta(seconds=3500 / n),  # type: ignore[operator]
+            add_runs(wadmin, j, now - timedelta(minutes=59), n, timedelta(seconds=3500 / n),
                      ("success",) * (3 + i) + ("failure",) * (i % 3) + ("timeout",) * (i % 2))
         bad = schedule_as(webdb, webdb.odb.alice, "import-feed", "CALL public.job_fail(0, NULL)")
         fail_once(webdb, webdb.odb.alice, bad)

@@ -4,6 +4,7 @@ cluster trusts local connections, so their lines are put first in pg_hba.conf), 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -62,11 +63,8 @@ def schedule_as(webdb: WebDb, role: str, name: str, command: str = "SELECT publi
 
 def fail_once(webdb: WebDb, role: str, job_id: int) -> None:
     """Run the job in `role`'s session (run_job): it fails, and its history says why."""
-    with webdb.odb.connect(role) as c:
-        try:
-            c.execute("CALL pgsched.run_job(%s)", (job_id,))
-        except psycopg.Error:
-            pass
+    with webdb.odb.connect(role) as c, contextlib.suppress(psycopg.Error):
+        c.execute("CALL pgsched.run_job(%s)", (job_id,))
 
 
 def add_runs(admin: Conn, job_id: int, start: datetime, n: int, step: timedelta,
@@ -82,4 +80,4 @@ def add_runs(admin: Conn, job_id: int, start: datetime, n: int, step: timedelta,
         {"job": job_id, "start": start, "n": n, "step": step, "outcomes": list(outcomes)})
 
 
-__all__ = ["PASSWORD", "WebDb", "add_runs", "fail_once", "schedule_as", "wadmin", "webdb"]
+__all__ = ["PASSWORD", "WebDb", "add_runs", "fail_once", "schedule_as"]
