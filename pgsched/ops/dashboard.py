@@ -51,21 +51,24 @@ def jobs_page(conn: Conn, *, search: str = "", sort: str = "id", descending: boo
         "SELECT count(*) AS n FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id WHERE " + where,
         params).fetchone()
     assert total is not None
-    # The page first (sorted, limited), then the strip for its jobs only.
+    # The page first (sorted, limited), then the last outcome and the strip for its jobs only;
+    # the last outcome of every job is read only to sort by it.
+    by_outcome = sort == "last_outcome"
     rows = conn.execute(sql.SQL(
-        "SELECT p.*, st.strip FROM ("
+        "SELECT s.*, lr.last_outcome, lr.last_outcome_at, st.strip FROM ("
         "  SELECT s.job_id, s.job_name, s.owner::text AS owner, j.kind, j.schedule, j.timezone, j.scheduled, "
-        "         s.state, s.next_start, lr.last_outcome, lr.last_outcome_at, s.consecutive_failures, "
-        "         s.disabled_reason, row_number() OVER (ORDER BY {order} {direction}, s.job_id) AS pos "
-        "    FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id" + _LAST_RUN +
+        "         s.state, s.next_start, s.consecutive_failures, s.disabled_reason, "
+        "         row_number() OVER (ORDER BY {order} {direction}, s.job_id) AS pos "
+        "    FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id {last_run} "
         "   WHERE " + where +
-        "   ORDER BY {order} {direction}, s.job_id LIMIT %(limit)s OFFSET %(offset)s) p "
-        "LEFT JOIN LATERAL ("
+        "   ORDER BY {order} {direction}, s.job_id LIMIT %(limit)s OFFSET %(offset)s) s" + _LAST_RUN +
+        " LEFT JOIN LATERAL ("
         "  SELECT array_agg(x.outcome ORDER BY x.run_id) AS strip FROM ("
         "    SELECT h.outcome, h.run_id FROM pgsched.job_history h "
-        "     WHERE h.job_id = p.job_id AND h.outcome NOT IN ('running', 'queued') "
+        "     WHERE h.job_id = s.job_id AND h.outcome NOT IN ('running', 'queued') "
         "     ORDER BY h.run_id DESC LIMIT " + str(STRIP) + ") x) st ON true "
-        "ORDER BY p.pos").format(order=order, direction=direction), params).fetchall()
+        "ORDER BY s.pos").format(order=order, direction=direction,
+                                  last_run=sql.SQL(_LAST_RUN if by_outcome else "")), params).fetchall()
     return JobsPage(rows, int(total["n"]))
 
 
@@ -83,6 +86,24 @@ def job(conn: Conn, job_id: int) -> Row:
     return row
 
 
+def problems(conn: Conn, limit: int = 100) -> list[Row]:
+    """Jobs failing (failures or crashes in a row, or the last run did not succeed) or disabled,
+    with their reason: the overview's list (the first `limit`, disabled first). Near
+    query.jobs(failing=True) plus the disabled ones, but decided from the per-job counters, so
+    the history is read only for the jobs listed (at 10,000 jobs, reading every job's last
+    run costs more than the page may)."""
+    return conn.execute(
+        "SELECT s.*, lr.last_outcome, lr.last_outcome_at FROM ("
+        "  SELECT s.job_id, s.job_name, s.owner::text AS owner, s.state, s.consecutive_failures, "
+        "         s.consecutive_crashes, s.disabled_reason "
+        "    FROM pgsched.job_stats s "
+        "   WHERE s.state = 'disabled' OR s.consecutive_failures > 0 OR s.consecutive_crashes > 0 "
+        "      OR NOT s.last_run_success "
+        "   ORDER BY s.state = 'disabled' DESC, s.consecutive_failures + s.consecutive_crashes DESC, s.job_id "
+        "   LIMIT %s) s" + _LAST_RUN + " ORDER BY s.state = 'disabled' DESC, "
+        "  s.consecutive_failures + s.consecutive_crashes DESC, s.job_id", (limit,)).fetchall()
+
+
 def runs_per_minute(conn: Conn, minutes: int = 60) -> tuple[datetime, list[Row]]:
     """Runs that ended in each of the last `minutes` minutes, by outcome; and the database's now."""
     rows = conn.execute(
@@ -97,17 +118,20 @@ def runs_per_minute(conn: Conn, minutes: int = 60) -> tuple[datetime, list[Row]]
 
 
 # A run's place on a timeline: from its start (a skipped or missed plan never started: its
-# plan time) to its end (a run in progress: now).
+# plan time) to its end (a run in progress: now). A run is in a window when it began before
+# the window's end and ended after its start, or has not ended: written so that the second
+# half is one range of job_run_finished_idx (sql/migrations/0006) plus its NULLs.
 _RUN_FROM = "coalesce(h.started_at, h.plan_time)"
 _RUN_TO = "coalesce(h.finished_at, greatest(now(), coalesce(h.started_at, h.plan_time)))"
+_IN_WINDOW = (f"{_RUN_FROM} < %(end)s AND (h.finished_at >= %(start)s OR h.finished_at IS NULL) "
+              "AND h.outcome <> 'queued'")
 
 
 def timeline_count(conn: Conn, start: datetime, end: datetime, job_id: int | None = None) -> Row:
     """How many runs and jobs a window holds (so the caller decides whether to bucket)."""
     row = conn.execute(
         f"SELECT count(*) AS runs, count(DISTINCT h.job_id) AS jobs FROM pgsched.job_history h "
-        f" WHERE {_RUN_FROM} < %(end)s AND {_RUN_TO} >= %(start)s "
-        f"   AND (%(job)s::integer IS NULL OR h.job_id = %(job)s) AND h.outcome <> 'queued'",
+        f" WHERE {_IN_WINDOW} AND (%(job)s::integer IS NULL OR h.job_id = %(job)s)",
         {"start": start, "end": end, "job": job_id}).fetchone()
     assert row is not None
     return row
@@ -118,8 +142,7 @@ def timeline_jobs(conn: Conn, start: datetime, end: datetime, limit: int,
     """The jobs with runs in the window (most runs first), at most `limit` of them."""
     return conn.execute(
         f"SELECT h.job_id, min(h.job_name) AS job_name, count(*) AS runs FROM pgsched.job_history h "
-        f" WHERE {_RUN_FROM} < %(end)s AND {_RUN_TO} >= %(start)s "
-        f"   AND (%(job)s::integer IS NULL OR h.job_id = %(job)s) AND h.outcome <> 'queued' "
+        f" WHERE {_IN_WINDOW} AND (%(job)s::integer IS NULL OR h.job_id = %(job)s) "
         f" GROUP BY h.job_id ORDER BY count(*) DESC, h.job_id LIMIT %(limit)s",
         {"start": start, "end": end, "job": job_id, "limit": limit}).fetchall()
 
@@ -130,8 +153,7 @@ def timeline_runs(conn: Conn, start: datetime, end: datetime, job_ids: list[int]
         f"SELECT h.run_id, h.job_id, h.outcome, h.trigger, h.plan_time, {_RUN_FROM} AS run_from, "
         f"       {_RUN_TO} AS run_to, h.sqlstate, split_part(h.message, E'\\n', 1) AS message "
         f"  FROM pgsched.job_history h "
-        f" WHERE {_RUN_FROM} < %(end)s AND {_RUN_TO} >= %(start)s AND h.job_id = ANY(%(jobs)s) "
-        f"   AND h.outcome <> 'queued' ORDER BY h.job_id, h.run_id",
+        f" WHERE {_IN_WINDOW} AND h.job_id = ANY(%(jobs)s) ORDER BY h.job_id, h.run_id",
         {"start": start, "end": end, "jobs": job_ids}).fetchall()
 
 
@@ -142,21 +164,19 @@ def timeline_buckets(conn: Conn, start: datetime, end: datetime, job_ids: list[i
         f"SELECT h.job_id, date_bin(%(bucket)s, greatest({_RUN_FROM}, %(start)s), %(start)s) AS bucket_start, "
         f"       h.outcome, count(*) AS n "
         f"  FROM pgsched.job_history h "
-        f" WHERE {_RUN_FROM} < %(end)s AND {_RUN_TO} >= %(start)s AND h.job_id = ANY(%(jobs)s) "
-        f"   AND h.outcome <> 'queued' GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+        f" WHERE {_IN_WINDOW} AND h.job_id = ANY(%(jobs)s) GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
         {"start": start, "end": end, "jobs": job_ids, "bucket": bucket}).fetchall()
 
 
 def fingerprint(conn: Conn) -> str:
-    """Changes whenever a run starts or ends, or a visible job is changed, added or removed."""
+    """Changes whenever a visible job's run starts or ends (its last_start, last_finish and
+    counters move), or a visible job is changed, paused, disabled, added or removed. From
+    the one-row-per-job views only: never a scan of the history."""
     row = conn.execute(
-        "SELECT concat_ws(':', (SELECT max(run_id) FROM pgsched.job_history), "
-        "         (SELECT count(*) FROM pgsched.job_history WHERE outcome = 'running'), "
-        "         x.n, x.runs, x.disabled, x.paused, x.changed) AS v "
-        "  FROM (SELECT count(*) AS n, sum(s.total_runs) AS runs, "
-        "               count(*) FILTER (WHERE s.state = 'disabled') AS disabled, "
-        "               count(*) FILTER (WHERE NOT j.scheduled) AS paused, "
-        "               max(j.updated_at) AS changed "
-        "          FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id) x").fetchone()
+        "SELECT concat_ws(':', count(*), sum(s.total_runs), sum(s.total_skipped + s.total_missed), "
+        "                 max(s.last_start), max(s.last_finish), "
+        "                 count(*) FILTER (WHERE s.state <> 'scheduled'), count(*) FILTER (WHERE NOT j.scheduled), "
+        "                 max(j.updated_at)) AS v "
+        "  FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id").fetchone()
     assert row is not None
     return str(row["v"])

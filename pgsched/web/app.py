@@ -141,11 +141,9 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
     def overview(request: Request, s: Session) -> Response:
         c = s.conn
         now, per_minute = dashboard.runs_per_minute(c)
-        failing = query.jobs(c, failing=True)
-        disabled = [j for j in query.jobs(c, state="disabled") if j["job_id"] not in {f["job_id"] for f in failing}]
         return render(request, "overview.html", s, live=dashboard.fingerprint(c), now=now,
                       instances=query.instances(c), chart=charts.runs_per_minute(per_minute, now),
-                      problems=failing + disabled, errors=query.last_errors(c, 10))
+                      problems=dashboard.problems(c), errors=query.last_errors(c, 10))
 
     def jobs(request: Request, s: Session) -> Response:
         p = request.query_params
