@@ -127,24 +127,24 @@ _IN_WINDOW = (f"{_RUN_FROM} < %(end)s AND (h.finished_at >= %(start)s OR h.finis
               "AND h.outcome <> 'queued'")
 
 
-def timeline_count(conn: Conn, start: datetime, end: datetime, job_id: int | None = None) -> Row:
-    """How many runs and jobs a window holds (so the caller decides whether to bucket)."""
+def timeline_jobs(conn: Conn, limit: int, offset: int = 0) -> tuple[list[Row], int]:
+    """One page of the visible jobs (by id): a timeline's rows, and how many jobs there are.
+    A timeline pages through jobs rather than choosing the busiest: choosing would read every
+    run of the window first."""
+    rows = conn.execute("SELECT s.job_id, s.job_name FROM pgsched.job_stats s ORDER BY s.job_id "
+                        "LIMIT %s OFFSET %s", (limit, offset)).fetchall()
+    total = conn.execute("SELECT count(*) AS n FROM pgsched.job_stats").fetchone()
+    assert total is not None
+    return rows, int(total["n"])
+
+
+def timeline_count(conn: Conn, start: datetime, end: datetime, job_ids: list[int]) -> int:
+    """How many runs of these jobs the window holds (so the caller decides whether to bucket)."""
     row = conn.execute(
-        f"SELECT count(*) AS runs, count(DISTINCT h.job_id) AS jobs FROM pgsched.job_history h "
-        f" WHERE {_IN_WINDOW} AND (%(job)s::integer IS NULL OR h.job_id = %(job)s)",
-        {"start": start, "end": end, "job": job_id}).fetchone()
+        f"SELECT count(*) AS runs FROM pgsched.job_history h WHERE {_IN_WINDOW} AND h.job_id = ANY(%(jobs)s)",
+        {"start": start, "end": end, "jobs": job_ids}).fetchone()
     assert row is not None
-    return row
-
-
-def timeline_jobs(conn: Conn, start: datetime, end: datetime, limit: int,
-                  job_id: int | None = None) -> list[Row]:
-    """The jobs with runs in the window (most runs first), at most `limit` of them."""
-    return conn.execute(
-        f"SELECT h.job_id, min(h.job_name) AS job_name, count(*) AS runs FROM pgsched.job_history h "
-        f" WHERE {_IN_WINDOW} AND (%(job)s::integer IS NULL OR h.job_id = %(job)s) "
-        f" GROUP BY h.job_id ORDER BY count(*) DESC, h.job_id LIMIT %(limit)s",
-        {"start": start, "end": end, "job": job_id, "limit": limit}).fetchall()
+    return int(row["runs"])
 
 
 def timeline_runs(conn: Conn, start: datetime, end: datetime, job_ids: list[int]) -> list[Row]:

@@ -180,7 +180,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         runs = _int(request.query_params.get("runs"), 25, 1, 1000)
         hist = query.history(c, job_id=job_id, limit=runs)
         window = timedelta(hours=24)
-        tl, note = _timeline(c, now - window, now, job_id)
+        tl, note, _ = _timeline(c, now - window, now, job_id)
         return render(request, "job.html", s, live=dashboard.fingerprint(c), job=j, starts=starts,
                       starts_error=starts_error, history=hist, words=words.describe(j["schedule"], j["timezone"]),
                       timeline=tl, timeline_note=note, runs=runs)
@@ -196,29 +196,35 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         except ValueError as e:
             error, window = str(e), timedelta(hours=1)
         now = query.db_now(c)
-        tl, note = _timeline(c, now - window, now, None)
+        page_no = _int(request.query_params.get("page"), 1, 1, 1_000_000)
+        tl, note, pages = _timeline(c, now - window, now, None, page_no)
         return render(request, "timeline.html", s, status=400 if error else 200, live=dashboard.fingerprint(c),
-                      timeline=tl, note=note, window=text, error=error,
+                      timeline=tl, note=note, window=text, error=error, page=page_no, pages=pages,
                       choices=["5m", "15m", "1h", "6h", "24h", "7d"])
 
-    def _timeline(c: query.Conn, start: datetime, end: datetime, job_id: int | None) -> tuple[charts.Timeline, str]:
-        counted = dashboard.timeline_count(c, start, end, job_id)
-        jobs_ = dashboard.timeline_jobs(c, start, end, MAX_ROWS, job_id)
+    def _timeline(c: query.Conn, start: datetime, end: datetime, job_id: int | None,
+                  page_no: int = 1) -> tuple[charts.Timeline, str, int]:
+        """The timeline of one job, or of a page of MAX_ROWS jobs; its note; the number of pages."""
+        if job_id is not None:
+            jobs_, total = [{"job_id": job_id, "job_name": dashboard.job(c, job_id)["job_name"]}], 1
+        else:
+            jobs_, total = dashboard.timeline_jobs(c, MAX_ROWS, (page_no - 1) * MAX_ROWS)
         ids = [j["job_id"] for j in jobs_]
-        shown_runs = sum(int(j["runs"]) for j in jobs_)
+        runs = dashboard.timeline_count(c, start, end, ids)
+        pages = max(1, -(-total // MAX_ROWS))
         notes = []
-        if int(counted["jobs"]) > len(jobs_):
-            notes.append(f"showing the {len(jobs_)} jobs with the most runs of {counted['jobs']} "
-                         f"({counted['runs'] - shown_runs} runs of the others not drawn)")
-        if shown_runs > MAX_BARS:
+        if total > len(jobs_) or page_no > 1:
+            first = (page_no - 1) * MAX_ROWS + 1
+            notes.append(f"jobs {first}-{first + len(jobs_) - 1} of {total} (page {page_no} of {pages})")
+        if runs > MAX_BARS:
             size = charts.bucket_size(end - start, MAX_BUCKETS)
             tl = charts.bucketed(start, end, jobs_, dashboard.timeline_buckets(c, start, end, ids, size), size)
-            notes.append(f"{shown_runs} runs are more than {MAX_BARS} bars: bucketed by "
+            notes.append(f"{runs} runs are more than {MAX_BARS} bars: bucketed by "
                          f"{int(size.total_seconds())} s, each bar counts its runs (hover for the counts)")
         else:
             tl = charts.timeline(start, end, jobs_, dashboard.timeline_runs(c, start, end, ids))
-            notes.append(f"{shown_runs} runs, one bar each")
-        return tl, "; ".join(notes)
+            notes.append(f"{runs} runs, one bar each")
+        return tl, "; ".join(notes), pages
 
     def confirm(request: Request, s: Session) -> Response:
         action = request.path_params["action"]

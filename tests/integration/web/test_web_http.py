@@ -263,3 +263,19 @@ def test_single_user_uses_the_dsns_role_and_only_on_loopback(webdb: WebDb) -> No
         server.parse_listen("nowhere")
     r = CliRunner().invoke(cli.main, ["web", "--dsn", webdb.dsn, "--single-user", "--listen", "[::]:8080"])
     assert r.exit_code == 1 and "refusing to listen on ::" in r.output
+
+
+def test_the_timeline_pages_through_jobs_and_says_so(webdb: WebDb, wadmin: Conn, client: TestClient,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(web_app, "MAX_ROWS", 2)
+    now = scalar(wadmin, "SELECT now()")
+    ids = [schedule_as(webdb, webdb.odb.alice, f"row-{i}") for i in range(3)]
+    for j in ids:
+        add_runs(wadmin, j, now - timedelta(minutes=30), 3, timedelta(minutes=5))
+    sign_in(client, webdb.odb.alice)
+    first = client.get("/timeline?window=1h").text
+    assert "jobs 1-2 of 3 (page 1 of 2)" in first and "6 runs, one bar each" in first
+    assert f"{ids[0]} row-0" in first and "row-2" not in first
+    second = client.get("/timeline?window=1h&page=2").text
+    assert "jobs 3-3 of 3 (page 2 of 2)" in second and f"{ids[2]} row-2" in second
+    assert len(re.findall(r'<rect [^>]*class="run ', second)) == 3
