@@ -28,12 +28,18 @@ from common import cluster
 from psycopg import sql
 from starlette.testclient import TestClient
 
+from pgsched.embedded import Cluster
 from pgsched.web.app import create_app
 
 
-def load(dsn: str, jobs: int, rows: int, finished_index: bool) -> None:
+def load(c: Cluster, dsn: str, jobs: int, rows: int, finished_index: bool) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE ROLE bench_viewer LOGIN PASSWORD 'bench'")
+        # The dashboard signs in only where PostgreSQL checks the password (the cluster trusts local users).
+        hba = c.datadir / "pg_hba.conf"
+        hba.write_text("local all bench_viewer scram-sha-256\nhost all bench_viewer all scram-sha-256\n"
+                       + hba.read_text())
+        conn.execute("SELECT pg_reload_conf()")
         conn.execute(
             "INSERT INTO pgsched.job (job_name, owner, kind, command, schedule, schedule_interval, fixed_schedule) "
             "SELECT 'bench job ' || g, CASE WHEN g %% 10 = 0 THEN 'bench_viewer'::regrole "
@@ -97,9 +103,9 @@ def main() -> None:
     ap.add_argument("--finished-index", action="store_true",
                     help="add an index on job_run (finished_at) after loading (not in the schema of 0.2.0)")
     args = ap.parse_args()
-    with cluster() as (_, dsn):
+    with cluster() as (c, dsn):
         t = time.monotonic()
-        load(dsn, args.jobs, args.rows, args.finished_index)
+        load(c, dsn, args.jobs, args.rows, args.finished_index)
         print(f"loaded {args.jobs} jobs and {args.rows} runs in {time.monotonic() - t:.0f} s", flush=True)
         with psycopg.connect(dsn) as conn:
             job = conn.execute("SELECT min(job_id) FROM pgsched.job WHERE owner = 'bench_viewer'::regrole"
@@ -113,7 +119,7 @@ def main() -> None:
         with TestClient(create_app(dsn)) as client:
             token = re.search(r'name="csrf" value="([^"]+)"', client.get("/signin").text).group(1)  # type: ignore[union-attr]
             r = client.post("/signin", data={"role": "bench_viewer", "password": "bench", "csrf": token})
-            assert r.status_code == 200, r.text[:300]
+            assert r.status_code == 200 and "bench_viewer" in r.text, r.text[:300]
             print(json.dumps({"viewer": "bench_viewer (owns 1/10 of the jobs; row-level security)",
                               "pages": measure(client, job, args.repeat)}), flush=True)
 

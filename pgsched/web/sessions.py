@@ -92,6 +92,13 @@ class Sessions:
         except psycopg.Error as e:
             # libpq's message names the role, never the password; scrub it anyway.
             raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***")) from None
+        if not conn.pgconn.used_password:
+            # trust (or peer, ident, cert) authentication: the password was never checked, so
+            # anyone could sign in as this role. PostgreSQL must check it, or nobody signs in.
+            conn.close()
+            raise SignInRefused(f"sign-in refused: the server let role {role} in without checking its password "
+                                "(pg_hba.conf trust, peer or similar); the dashboard signs in only where PostgreSQL "
+                                "asks for the password (use --single-user on a laptop)")
         return self._add(role, conn)
 
     def single(self) -> Session:

@@ -279,3 +279,13 @@ def test_the_timeline_pages_through_jobs_and_says_so(webdb: WebDb, wadmin: Conn,
     second = client.get("/timeline?window=1h&page=2").text
     assert "jobs 3-3 of 3 (page 2 of 2)" in second and f"{ids[2]} row-2" in second
     assert len(re.findall(r'<rect [^>]*class="run ', second)) == 3
+
+
+def test_a_role_the_server_lets_in_without_a_password_cannot_sign_in(webdb: WebDb, client: TestClient) -> None:
+    if not webdb.passwords_checked:
+        pytest.skip("an external PGSCHED_TEST_DSN cluster: its pg_hba.conf is not ours to change")
+    # The test cluster trusts local connections; only alice's and bob's lines ask for a password.
+    token = csrf_of(client.get("/signin").text)
+    r = client.post("/signin", data={"role": webdb.odb.team, "password": "anything", "csrf": token})
+    assert r.status_code == 401 and "without checking its password" in r.text
+    assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
