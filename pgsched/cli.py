@@ -522,6 +522,9 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
 def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, session_lifetime: float) -> None:
     """The web dashboard (needs `pip install 'pgsched[web]'`): sign in with a PostgreSQL role."""
     try:
+        import uvicorn  # noqa: F401
+
+        import pgsched.web.app  # noqa: F401 (starlette, jinja2)
         from pgsched.web import server
     except ImportError as e:  # pragma: no cover - depends on the installed extras
         _fail(f"pgsched web needs the web extra: pip install 'pgsched[web]' ({e})")

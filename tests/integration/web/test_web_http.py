@@ -5,9 +5,15 @@ refusals, the pages' contents, the timeline's bars and buckets, session expiry, 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +23,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from pgsched import cli
+from pgsched.embedded import free_port
 from pgsched.errors import ConfigError
 from pgsched.web import app as web_app
 from pgsched.web import server
@@ -289,3 +296,28 @@ def test_a_role_the_server_lets_in_without_a_password_cannot_sign_in(webdb: WebD
     r = client.post("/signin", data={"role": webdb.odb.team, "password": "anything", "csrf": token})
     assert r.status_code == 401 and "without checking its password" in r.text
     assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
+
+
+def test_pgsched_web_serves_as_a_command(webdb: WebDb) -> None:
+    """The real command (`python -m pgsched web`), as a subprocess, on a free loopback port."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    proc = subprocess.Popen([sys.executable, "-m", "pgsched", "web", "--dsn", webdb.odb.dsn(webdb.odb.alice),
+                             "--single-user", "--listen", f"127.0.0.1:{port}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs", timeout=2) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                assert time.monotonic() < deadline, "pgsched web did not answer"
+                time.sleep(0.2)
+        assert f'id="role">{webdb.odb.alice}<' in body
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=20)[0].decode()
+    assert PASSWORD not in out  # the DSN's password is not in the server's log
