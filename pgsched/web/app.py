@@ -50,7 +50,9 @@ Handler = Callable[[Request, Session], Response]
 
 def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lifetime: float = 8 * 3600.0) -> Starlette:
     sessions = Sessions(dsn, idle=idle, lifetime=lifetime)
-    single = sessions.single() if single_user else None
+    # --single-user: one session on the DSN's own connection (opened again if it is lost).
+    only: list[Session] = [sessions.single()] if single_user else []
+    single = only[0] if only else None
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["version"] = __version__
     templates.env.globals["outcomes"] = charts.OUTCOMES
@@ -70,7 +72,14 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             "session": session, "single": single is not None, "flash": flash, **ctx}, status_code=status))
 
     def session_of(request: Request) -> Session | None:
-        return single if single is not None else sessions.get(request.cookies.get(COOKIE))
+        if not only:
+            return sessions.get(request.cookies.get(COOKIE))
+        if only[0].conn.closed or only[0].conn.broken:
+            csrf = only[0].csrf  # pages already open keep working
+            sessions.end(only[0].sid)
+            only[0] = sessions.single()
+            only[0].csrf = csrf
+        return only[0]
 
     def page(handler: Handler) -> Callable[[Request], Response]:
         """A handler that needs a session (else: to sign-in), on the session's connection, one

@@ -321,3 +321,21 @@ def test_pgsched_web_serves_as_a_command(webdb: WebDb) -> None:
         proc.terminate()
         out = proc.communicate(timeout=20)[0].decode()
     assert PASSWORD not in out  # the DSN's password is not in the server's log
+
+
+def test_a_lost_connection_ends_the_session_and_single_user_reconnects(webdb: WebDb, wadmin: Conn,
+                                                                         client: TestClient) -> None:
+    sign_in(client, webdb.odb.alice)
+    kill = ("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgsched web' "
+            "AND usename = %s")
+    wadmin.execute(kill, (webdb.odb.alice,))
+    r = client.get("/jobs")
+    assert r.status_code in (303, 503)  # lost during the request (503) or found closed first (to sign-in)
+    assert client.get("/jobs").status_code == 303
+    assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
+    with TestClient(web_app.create_app(webdb.odb.dsn(webdb.odb.alice), single_user=True),
+                    follow_redirects=False) as c:
+        assert c.get("/jobs").status_code == 200
+        wadmin.execute(kill, (webdb.odb.alice,))
+        statuses = [c.get("/jobs").status_code for _ in range(2)]
+        assert statuses[-1] == 200 and statuses[0] in (200, 503)
