@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 import anyio.from_thread
 import psycopg
+import psycopg.errors
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
@@ -35,6 +36,7 @@ PAGE_SIZE = 50
 MAX_BARS = 2000          # runs drawn one by one up to this many; beyond, bucketed
 MAX_BUCKETS = 240        # buckets per row when bucketed
 MAX_ROWS = 100           # jobs (rows) on one timeline
+STATEMENT_TIMEOUT = "30s"  # a page's query may not hold its session's connection longer
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=5), timedelta(days=7)
 ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Run now", "cancel": "Cancel the running run of"}
 HEADERS = {
@@ -49,7 +51,7 @@ Handler = Callable[[Request, Session], Response]
 
 
 def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lifetime: float = 8 * 3600.0) -> Starlette:
-    sessions = Sessions(dsn, idle=idle, lifetime=lifetime)
+    sessions = Sessions(dsn, idle=idle, lifetime=lifetime, statement_timeout=STATEMENT_TIMEOUT)
     # --single-user: one session on the DSN's own connection (opened again if it is lost).
     only: list[Session] = [sessions.single()] if single_user else []
     single = only[0] if only else None
@@ -99,6 +101,10 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             with s.lock:
                 try:
                     return handler(request, s)
+                except psycopg.errors.QueryCanceled:
+                    return render(request, "error.html", s, status=503, message=(
+                        f"the page's query took longer than the dashboard's statement_timeout "
+                        f"({STATEMENT_TIMEOUT}); try a smaller window or a narrower search"))
                 except psycopg.OperationalError as e:
                     if s.conn.broken or s.conn.closed:
                         sessions.end(s.sid)

@@ -53,7 +53,8 @@ def same(a: str | None, b: str | None) -> bool:
     return bool(a) and bool(b) and hmac.compare_digest(str(a), str(b))
 
 
-def open_connection(dsn: str, role: str | None = None, password: str | None = None) -> Conn:
+def open_connection(dsn: str, role: str | None = None, password: str | None = None,
+                    statement_timeout: str | None = None) -> Conn:
     """A connection for a session: the DSN's, with `role` and `password` in place of its own."""
     params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(dsn)
     if role is not None:
@@ -63,6 +64,8 @@ def open_connection(dsn: str, role: str | None = None, password: str | None = No
     conn: Conn = psycopg.connect(autocommit=True, row_factory=dict_row, application_name="pgsched web",
                                  **{k: v for k, v in params.items() if v is not None})
     try:
+        if statement_timeout is not None:
+            conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, false)", (statement_timeout,))
         migrate.check_version(conn)
     except BaseException:
         conn.close()
@@ -74,8 +77,9 @@ class Sessions:
     """The live sessions of one server process, by a random id (the cookie's value)."""
 
     def __init__(self, dsn: str, *, idle: float = 1800.0, lifetime: float = 8 * 3600.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, statement_timeout: str | None = None) -> None:
         self.dsn = dsn
+        self.statement_timeout = statement_timeout
         self.idle = idle
         self.lifetime = lifetime
         self.clock = clock
@@ -88,7 +92,7 @@ class Sessions:
         if not password:
             raise SignInRefused("password: give the role's PostgreSQL password")
         try:
-            conn = open_connection(self.dsn, role, password)
+            conn = open_connection(self.dsn, role, password, self.statement_timeout)
         except psycopg.Error as e:
             # libpq's message names the role, never the password; scrub it anyway.
             raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***")) from None
@@ -103,7 +107,7 @@ class Sessions:
 
     def single(self) -> Session:
         """The one session of --single-user: the DSN's own role."""
-        conn = open_connection(self.dsn)
+        conn = open_connection(self.dsn, statement_timeout=self.statement_timeout)
         row = conn.execute("SELECT current_user AS u").fetchone()
         assert row is not None
         s = self._add(str(row["u"]), conn)

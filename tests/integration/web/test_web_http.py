@@ -339,3 +339,19 @@ def test_a_lost_connection_ends_the_session_and_single_user_reconnects(webdb: We
         wadmin.execute(kill, (webdb.odb.alice,))
         statuses = [c.get("/jobs").status_code for _ in range(2)]
         assert statuses[-1] == 200 and statuses[0] in (200, 503)
+
+
+def test_a_page_slower_than_the_statement_timeout_says_so(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
+    sign_in(client, webdb.odb.alice)
+    session = next(iter(client.app.state.sessions._by_id.values()))  # type: ignore[attr-defined]
+    assert session.conn.execute("SHOW statement_timeout").fetchone()["statement_timeout"] == \
+        web_app.STATEMENT_TIMEOUT
+    # The jobs page's count and page of 60 jobs take more than a millisecond.
+    with webdb.odb.connect(webdb.odb.alice) as c:
+        for i in range(60):
+            c.execute("SELECT pgsched.schedule(%s, '1 hour', 'SELECT 1')", (f"slow-{i}",))
+    session.conn.execute("SET statement_timeout = '1ms'")
+    r = client.get("/jobs?q=x")
+    assert r.status_code == 503 and "statement_timeout" in r.text
+    session.conn.execute("RESET statement_timeout")
+    assert client.get("/jobs").status_code == 200
