@@ -84,14 +84,16 @@ def measure(client: TestClient, job: int, repeat: int) -> dict[str, Any]:
     for page in PAGES:
         path = page.format(job=job)
         times = []
+        statuses = set()
         for _ in range(repeat):
             t = time.perf_counter()
             r = client.get(path)
             times.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 200, (path, r.status_code, r.text[:300])
+            statuses.add(r.status_code)  # 503: the page's query exceeded the dashboard's statement_timeout
         note = re.search(r'id="timeline-note">([^<]*)<', r.text)
         out[path] = {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1),
-                     **({"note": note.group(1)} if note else {})}
+                     **({"note": note.group(1)} if note else {}),
+                     **({"status": sorted(statuses)} if statuses != {200} else {})}
     return out
 
 
