@@ -355,3 +355,13 @@ def test_a_page_slower_than_the_statement_timeout_says_so(webdb: WebDb, wadmin: 
     assert r.status_code == 503 and "statement_timeout" in r.text
     session.conn.execute("RESET statement_timeout")
     assert client.get("/jobs").status_code == 200
+
+
+def test_sign_out_needs_the_csrf_token_and_ends_the_session(webdb: WebDb, client: TestClient) -> None:
+    sign_in(client, webdb.odb.alice)
+    assert client.post("/signout").status_code == 403
+    assert client.get("/jobs").status_code == 200  # still signed in
+    r = client.post("/signout", data={"csrf": csrf_of(client.get("/jobs").text)})
+    assert r.status_code == 303 and r.headers["location"] == "/signin"
+    assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
+    assert client.get("/jobs").status_code == 303
