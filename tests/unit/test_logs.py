@@ -36,7 +36,7 @@ def test_fixed_keys_first_then_the_extras_in_call_order() -> None:
 
 def test_exception_is_one_text_field_and_private_attributes_stay_out() -> None:
     rec = _record("failed", exc=True)
-    rec._private = "x"  # type: ignore[attr-defined]
+    rec._private = "x"
     out = json.loads(PgschedJsonFormatter().format(rec))
     assert set(out) == {"ts", "level", "logger", "msg", "exc"}
     assert out["exc"].startswith("Traceback") and "ZeroDivisionError: division by zero" in out["exc"]
@@ -44,7 +44,7 @@ def test_exception_is_one_text_field_and_private_attributes_stay_out() -> None:
 
 def test_non_ascii_and_non_json_values_are_written() -> None:
     rec = _record("job %s", ("überprüfung",))
-    rec.when = date(2026, 3, 29)  # type: ignore[attr-defined]
+    rec.when = date(2026, 3, 29)
     line = PgschedJsonFormatter().format(rec)
     assert "überprüfung" in line
     assert json.loads(line)["when"] == "2026-03-29"
