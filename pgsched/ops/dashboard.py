@@ -119,10 +119,9 @@ def runs_per_minute(conn: Conn, minutes: int = 60) -> tuple[datetime, list[Row]]
 
 # A run's place on a timeline: from its start (a skipped or missed plan never started: its
 # plan time) to its end (a run in progress: now). A run is in a window when it began before
-# the window's end and ended after its start, or has not ended: written so that an index on
-# job_run (finished_at) would serve it as one range plus its NULLs. Release 0.2.0 may add no
-# migration (README "Upgrading"), so there is none yet: each window reads the whole history
-# (bench/web.py --finished-index measures the difference; a candidate for the next API).
+# the window's end and ended after its start, or has not ended: written so that the index on
+# job_run (finished_at) serves it as one range plus its NULLs (bench/web.py --no-window-index
+# shows the pages without it).
 _RUN_FROM = "coalesce(h.started_at, h.plan_time)"
 _RUN_TO = "coalesce(h.finished_at, greatest(now(), coalesce(h.started_at, h.plan_time)))"
 _IN_WINDOW = (f"{_RUN_FROM} < %(end)s AND (h.finished_at >= %(start)s OR h.finished_at IS NULL) "
