@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from psycopg import sql
 
-from pgsched.ops.query import _LAST_RUN, Conn, JobNotFound, Row
+from pgsched.ops.query import _LAST_RUN, FAILING, Conn, JobNotFound, Row
 
 # Sort keys a request may name, and the SQL each stands for (anything else: the default).
 SORTS: dict[str, sql.Composable] = {
@@ -87,18 +87,14 @@ def job(conn: Conn, job_id: int) -> Row:
 
 
 def problems(conn: Conn, limit: int = 100) -> list[Row]:
-    """Jobs failing (failures or crashes in a row, or the last run did not succeed) or disabled,
-    with their reason: the overview's list (the first `limit`, disabled first). Near
-    query.jobs(failing=True) plus the disabled ones, but decided from the per-job counters, so
-    the history is read only for the jobs listed (at 10,000 jobs, reading every job's last
-    run costs more than the page may)."""
+    """Jobs failing (FAILING) or disabled, with their reason: the overview's list (the
+    first `limit`, disabled first). The history is read only for the jobs listed."""
     return conn.execute(
         "SELECT s.*, lr.last_outcome, lr.last_outcome_at FROM ("
         "  SELECT s.job_id, s.job_name, s.owner::text AS owner, s.state, s.consecutive_failures, "
         "         s.consecutive_crashes, s.disabled_reason "
         "    FROM pgsched.job_stats s "
-        "   WHERE s.state = 'disabled' OR s.consecutive_failures > 0 OR s.consecutive_crashes > 0 "
-        "      OR NOT s.last_run_success "
+        "   WHERE s.state = 'disabled' OR " + FAILING + " "
         "   ORDER BY s.state = 'disabled' DESC, s.consecutive_failures + s.consecutive_crashes DESC, s.job_id "
         "   LIMIT %s) s" + _LAST_RUN + " ORDER BY s.state = 'disabled' DESC, "
         "  s.consecutive_failures + s.consecutive_crashes DESC, s.job_id", (limit,)).fetchall()
