@@ -135,15 +135,6 @@ def timeline_jobs(conn: Conn, limit: int, offset: int = 0) -> tuple[list[Row], i
     return rows, int(total["n"])
 
 
-def timeline_count(conn: Conn, start: datetime, end: datetime, job_ids: list[int]) -> int:
-    """How many runs of these jobs the window holds (so the caller decides whether to bucket)."""
-    row = conn.execute(
-        f"SELECT count(*) AS runs FROM pgsched.job_history h WHERE {_IN_WINDOW} AND h.job_id = ANY(%(jobs)s)",
-        {"start": start, "end": end, "jobs": job_ids}).fetchone()
-    assert row is not None
-    return int(row["runs"])
-
-
 def timeline_runs(conn: Conn, start: datetime, end: datetime, job_ids: list[int]) -> list[Row]:
     """Every run of these jobs in the window, one row each."""
     return conn.execute(
