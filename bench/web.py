@@ -2,8 +2,9 @@
 
     ./dev bench web                        10,000 jobs, 10,000,000 runs of history over 7 days
     ./dev bench web --rows 1000000 --repeat 5
-    ./dev bench web --finished-index       the same with an index on job_run (finished_at), which
-                                           release 0.2.0 cannot add (no migration while API 1 is served)
+    ./dev bench web --no-window-index      the same without migration 0007's index on job_run
+                                           (finished_at) and with the history's previous row-level
+                                           security policy (EXISTS per run): the figures before it
 
 A fresh cluster (PostgreSQL's default durability); jobs and history are inserted directly
 (set-up, not measured), then each page is requested `--repeat` times in-process through
@@ -32,7 +33,7 @@ from pgsched.embedded import Cluster
 from pgsched.web.app import create_app
 
 
-def load(c: Cluster, dsn: str, jobs: int, rows: int, finished_index: bool) -> None:
+def load(c: Cluster, dsn: str, jobs: int, rows: int, window_index: bool) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE ROLE bench_viewer LOGIN PASSWORD 'bench'")
         # The dashboard signs in only where PostgreSQL checks the password (the cluster trusts local users).
@@ -68,8 +69,10 @@ def load(c: Cluster, dsn: str, jobs: int, rows: int, finished_index: bool) -> No
                 "                            ELSE (ARRAY['timeout', 'skipped', 'missed'])[1 + i %% 3] END AS o) x",
                 {"lo": lo, "jobs": jobs, "a": start, "b": start + n - 1, "rows": rows})
             print(f"history: {start + n} of {rows} rows ({time.monotonic() - t0:.0f} s)", flush=True)
-        if finished_index:
-            conn.execute("CREATE INDEX IF NOT EXISTS bench_job_run_finished_idx ON pgsched.job_run (finished_at)")
+        if not window_index:
+            conn.execute("DROP INDEX pgsched.job_run_finished_idx")
+            conn.execute("ALTER POLICY job_run_read ON pgsched.job_run "
+                         "USING (EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = job_run.job_id))")
         conn.execute("VACUUM ANALYZE pgsched.job_run")
         conn.execute("VACUUM ANALYZE pgsched.job")
         conn.execute("VACUUM ANALYZE pgsched.job_stat")
@@ -102,12 +105,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--finished-index", action="store_true",
-                    help="add an index on job_run (finished_at) after loading (not in the schema of 0.2.0)")
+    ap.add_argument("--no-window-index", dest="window_index", action="store_false",
+                    help="without the index on job_run (finished_at) and with the EXISTS policy (before 0007)")
     args = ap.parse_args()
     with cluster() as (c, dsn):
         t = time.monotonic()
-        load(c, dsn, args.jobs, args.rows, args.finished_index)
+        load(c, dsn, args.jobs, args.rows, args.window_index)
         print(f"loaded {args.jobs} jobs and {args.rows} runs in {time.monotonic() - t:.0f} s", flush=True)
         with psycopg.connect(dsn) as conn:
             job = conn.execute("SELECT min(job_id) FROM pgsched.job WHERE owner = 'bench_viewer'::regrole"
@@ -116,7 +119,7 @@ def main() -> None:
                                 ).fetchone()[0]  # type: ignore[index]
         with TestClient(create_app(dsn, single_user=True)) as owner:
             print(json.dumps({"viewer": "owner (--single-user)", "jobs": args.jobs, "rows": args.rows,
-                              "finished_index": args.finished_index,
+                              "window_index": args.window_index,
                               "job_run_size": size, "pages": measure(owner, job, args.repeat)}), flush=True)
         with TestClient(create_app(dsn)) as client:
             token = re.search(r'name="csrf" value="([^"]+)"', client.get("/signin").text).group(1)  # type: ignore[union-attr]

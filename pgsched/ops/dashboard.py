@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from psycopg import sql
 
-from pgsched.ops.query import _LAST_RUN, Conn, JobNotFound, Row
+from pgsched.ops.query import _LAST_RUN, FAILING, Conn, JobNotFound, Row
 
 # Sort keys a request may name, and the SQL each stands for (anything else: the default).
 SORTS: dict[str, sql.Composable] = {
@@ -87,18 +87,14 @@ def job(conn: Conn, job_id: int) -> Row:
 
 
 def problems(conn: Conn, limit: int = 100) -> list[Row]:
-    """Jobs failing (failures or crashes in a row, or the last run did not succeed) or disabled,
-    with their reason: the overview's list (the first `limit`, disabled first). Near
-    query.jobs(failing=True) plus the disabled ones, but decided from the per-job counters, so
-    the history is read only for the jobs listed (at 10,000 jobs, reading every job's last
-    run costs more than the page may)."""
+    """Jobs failing (FAILING) or disabled, with their reason: the overview's list (the
+    first `limit`, disabled first). The history is read only for the jobs listed."""
     return conn.execute(
         "SELECT s.*, lr.last_outcome, lr.last_outcome_at FROM ("
         "  SELECT s.job_id, s.job_name, s.owner::text AS owner, s.state, s.consecutive_failures, "
         "         s.consecutive_crashes, s.disabled_reason "
         "    FROM pgsched.job_stats s "
-        "   WHERE s.state = 'disabled' OR s.consecutive_failures > 0 OR s.consecutive_crashes > 0 "
-        "      OR NOT s.last_run_success "
+        "   WHERE s.state = 'disabled' OR " + FAILING + " "
         "   ORDER BY s.state = 'disabled' DESC, s.consecutive_failures + s.consecutive_crashes DESC, s.job_id "
         "   LIMIT %s) s" + _LAST_RUN + " ORDER BY s.state = 'disabled' DESC, "
         "  s.consecutive_failures + s.consecutive_crashes DESC, s.job_id", (limit,)).fetchall()
@@ -119,10 +115,9 @@ def runs_per_minute(conn: Conn, minutes: int = 60) -> tuple[datetime, list[Row]]
 
 # A run's place on a timeline: from its start (a skipped or missed plan never started: its
 # plan time) to its end (a run in progress: now). A run is in a window when it began before
-# the window's end and ended after its start, or has not ended: written so that an index on
-# job_run (finished_at) would serve it as one range plus its NULLs. Release 0.2.0 may add no
-# migration (README "Upgrading"), so there is none yet: each window reads the whole history
-# (bench/web.py --finished-index measures the difference; a candidate for the next API).
+# the window's end and ended after its start, or has not ended: written so that the index on
+# job_run (finished_at) serves it as one range plus its NULLs (bench/web.py --no-window-index
+# shows the pages without it).
 _RUN_FROM = "coalesce(h.started_at, h.plan_time)"
 _RUN_TO = "coalesce(h.finished_at, greatest(now(), coalesce(h.started_at, h.plan_time)))"
 _IN_WINDOW = (f"{_RUN_FROM} < %(end)s AND (h.finished_at >= %(start)s OR h.finished_at IS NULL) "
@@ -138,15 +133,6 @@ def timeline_jobs(conn: Conn, limit: int, offset: int = 0) -> tuple[list[Row], i
     total = conn.execute("SELECT count(*) AS n FROM pgsched.job_stats").fetchone()
     assert total is not None
     return rows, int(total["n"])
-
-
-def timeline_count(conn: Conn, start: datetime, end: datetime, job_ids: list[int]) -> int:
-    """How many runs of these jobs the window holds (so the caller decides whether to bucket)."""
-    row = conn.execute(
-        f"SELECT count(*) AS runs FROM pgsched.job_history h WHERE {_IN_WINDOW} AND h.job_id = ANY(%(jobs)s)",
-        {"start": start, "end": end, "jobs": job_ids}).fetchone()
-    assert row is not None
-    return int(row["runs"])
 
 
 def timeline_runs(conn: Conn, start: datetime, end: datetime, job_ids: list[int]) -> list[Row]:

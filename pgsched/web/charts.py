@@ -118,7 +118,7 @@ def timeline(start: datetime, end: datetime, jobs: list[dict[str, Any]], runs: l
 
 def bucket_size(span: timedelta, max_buckets: int) -> timedelta:
     """The smallest round bucket that cuts `span` into at most `max_buckets` pieces."""
-    for seconds in (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86400):
+    for seconds in (1, 5, 10, 30, 60, 300, 600, 900, 1800, 3600, 7200, 3 * 3600, 6 * 3600, 86400):
         if span.total_seconds() / seconds <= max_buckets:
             return timedelta(seconds=seconds)
     return timedelta(days=1)

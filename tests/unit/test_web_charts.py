@@ -69,6 +69,8 @@ def test_one_bar_per_run_and_skipped_plans_as_marks() -> None:
 def test_buckets_count_every_run_and_take_the_worst_colour() -> None:
     assert charts.bucket_size(timedelta(hours=1), 240) == timedelta(seconds=30)
     assert charts.bucket_size(timedelta(days=7), 240) == timedelta(hours=1)
+    assert charts.bucket_size(timedelta(hours=24), 100) == timedelta(minutes=15)
+    assert charts.bucket_size(timedelta(days=7), 100) == timedelta(hours=2)
     jobs = [{"job_id": 1, "job_name": "a"}]
     b = [{"job_id": 1, "bucket_start": T0, "outcome": "success", "n": 40},
          {"job_id": 1, "bucket_start": T0, "outcome": "timeout", "n": 1},

@@ -232,7 +232,7 @@ def test_a_crowded_timeline_is_bucketed_and_says_so(webdb: WebDb, wadmin: Conn, 
     add_runs(wadmin, a, now - timedelta(minutes=50), 100, timedelta(seconds=29))
     sign_in(client, webdb.odb.alice)
     page = client.get("/timeline?window=1h").text
-    assert "more than 20 bars: bucketed by 30 s" in page
+    assert "more than 20 bars: bucketed by 60 s" in page
     assert 'class="run ' not in page
     counted = sum(int(n) for n in re.findall(r": (\d+) runs \(", page))
     assert counted == 100  # every run is in a bucket: none dropped
