@@ -565,6 +565,33 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
         pass
 
 
+@main.command()
+@dsn_option
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve the dashboard on.")
+@click.option("--single-user", is_flag=True,
+              help="No sign-in: act as the DSN's role (loopback addresses only).")
+@click.option("--session-idle", type=click.FloatRange(10), default=1800.0, show_default=True,
+              help="A session ends after this many seconds without a request.")
+@click.option("--session-lifetime", type=click.FloatRange(60), default=8 * 3600.0, show_default=True,
+              help="A session ends this many seconds after sign-in.")
+def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, session_lifetime: float) -> None:
+    """The web dashboard (needs `pip install 'pgsched[web]'`): sign in with a PostgreSQL role."""
+    try:
+        import uvicorn  # noqa: F401
+
+        import pgsched.web.app  # noqa: F401 (starlette, jinja2)
+        from pgsched.web import server
+    except ImportError as e:  # pragma: no cover - depends on the installed extras
+        _fail(f"pgsched web needs the web extra: pip install 'pgsched[web]' ({e})")
+    target = _ops_dsn(dsn)
+    try:
+        server.serve(target, listen, single_user=single_user, idle=session_idle, lifetime=session_lifetime)
+    except (PgschedError, psycopg.Error) as e:
+        from pgsched.ops import query
+
+        _fail(query.scrub(first_line(e), target))
+
+
 if __name__ == "__main__":
     sys.exit(main())
 

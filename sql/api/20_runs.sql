@@ -10,6 +10,7 @@
 
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
+    '_check_may_act',
     '_end_run',
     '_end_runs',
     '_event',
@@ -244,17 +245,31 @@ $$;
 -- run_job does: start a manual run of a job the session's user may act for
 -- (session_user: every role this session can be is one it is a member of), and
 -- close a manual run that this very backend started.
-CREATE OR REPLACE FUNCTION pgsched._run_job_start(job_id integer)
-RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+-- The job's owner, if the session's user may act for it (run_job, trigger_job, cancel_job); else
+-- job-not-found.
+CREATE OR REPLACE FUNCTION pgsched._check_may_act(job_id integer)
+RETURNS regrole LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     job_owner oid;
 BEGIN
-    SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _run_job_start.job_id;
+    IF _check_may_act.job_id IS NULL THEN
+        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
+    END IF;
+    SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _check_may_act.job_id;
     IF job_owner IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
        OR NOT pg_catalog.pg_has_role(session_user, job_owner, 'MEMBER') THEN
-        PERFORM pgsched._job_not_found(_run_job_start.job_id);
+        PERFORM pgsched._job_not_found(_check_may_act.job_id);
     END IF;
+    RETURN job_owner::regrole;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._run_job_start(job_id integer)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgsched._check_may_act(_run_job_start.job_id);
     RETURN pgsched._mark_start(_run_job_start.job_id, pg_catalog.clock_timestamp(), 'manual', NULL,
                                pg_catalog.pg_backend_pid());
 END

@@ -15,27 +15,7 @@
 
 -- The functions of this file the scheduler calls: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
-    '_check_may_act',
     '_start_manual_v2']);
-
--- The job's owner, if the session's user may act for it; else job-not-found.
-CREATE OR REPLACE FUNCTION pgsched._check_may_act(job_id integer)
-RETURNS regrole LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    job_owner oid;
-BEGIN
-    IF _check_may_act.job_id IS NULL THEN
-        PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
-    END IF;
-    SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _check_may_act.job_id;
-    IF job_owner IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
-       OR NOT pg_catalog.pg_has_role(session_user, job_owner, 'MEMBER') THEN
-        PERFORM pgsched._job_not_found(_check_may_act.job_id);
-    END IF;
-    RETURN job_owner::regrole;
-END
-$$;
 
 -- Ask the schedulers to run a job now. Returns the manual run's plan_time: the run is the
 -- job's job_history row with trigger 'manual' and that plan_time, once a scheduler (one
@@ -110,7 +90,7 @@ BEGIN
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, pg_catalog.clock_timestamp(), v.scheduled, s.state
+           NULL::timestamptz, pg_catalog.clock_timestamp(), v.scheduled, s.state, v.database
       FROM pgsched.job_run r
       JOIN pgsched._job_launch v ON v.job_id = r.job_id
       JOIN pgsched.job_stat s ON s.job_id = r.job_id

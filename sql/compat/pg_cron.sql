@@ -59,15 +59,9 @@ SELECT r.job_id::bigint AS jobid, r.run_id AS runid, r.backend_pid AS job_pid,
   JOIN pgsched.job j ON j.job_id = r.job_id
  WHERE j.kind = 'command' AND (j.owner = current_user::regrole OR cron._is_superuser());
 
--- pg_cron's checks of a job's database for the role that will run it, at scheduling time:
--- it exists, accepts connections, and the role may connect to it.
-CREATE OR REPLACE FUNCTION cron._check_database(database text, username regrole)
-RETURNS void LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pgsched._check_database(database, username);
-END
-$$;
+-- A job's database is checked as pg_cron does by pgsched._check_database (00_internal.sql);
+-- the wrapper that stood here once added a restriction and is gone.
+DROP FUNCTION IF EXISTS cron._check_database(text, regrole);
 
 -- The owner a call names, as pg_cron resolves it: NULL is the current role; another role only
 -- for a superuser (ERROR as pg_cron's: "permission denied for function <fn>").
@@ -139,7 +133,7 @@ BEGIN
         PERFORM pgsched._bad_arg('database', 'NULL', 'the name of a database', '22004');
     END IF;
     owner := cron._target_owner(username, 'schedule_in_database');
-    PERFORM cron._check_database(database, owner);
+    PERFORM pgsched._check_database(database, owner);
     id := cron._as_owner(owner, 'SELECT pgsched.schedule(job_name => $1, schedule => $2, command => $3)',
                          ARRAY[job_name, schedule, command]);
     PERFORM pgsched.alter_job(id::integer, database => database, scheduled => active);
@@ -231,7 +225,7 @@ BEGIN
         owner := cron._target_owner(username, 'alter_job');
     END IF;
     IF database IS NOT NULL OR owner <> j.owner THEN
-        PERFORM cron._check_database(coalesce(database, j.database, pg_catalog.current_database()), owner);
+        PERFORM pgsched._check_database(coalesce(database, j.database, pg_catalog.current_database()), owner);
     END IF;
     IF command IS NOT NULL AND btrim(command) = '' THEN
         PERFORM pgsched._bad_arg('command', quote_literal(command), 'non-empty SQL text');

@@ -111,3 +111,30 @@ def test_one_launcher_runs_every_database_fairly_and_follows_the_cluster(cluster
     # Every scheduler it started stopped with it: no instance of a remaining database is left running.
     for name in ("quiet", "later"):
         assert instances(cluster, name) == [], name
+
+
+def test_two_launchers_on_one_cluster_run_each_plan_once(cluster: Cluster, tmp_path: Path) -> None:
+    install(cluster, "shared", "INSERT INTO effect (job_id, at) "
+                               "VALUES (1, current_setting('pgsched.plan_time')::timestamptz)", jobs=3)
+    with psycopg.connect(cluster.dsn("shared"), autocommit=True) as conn:
+        # The effect names its plan: a plan run by both launchers' schedulers would show twice.
+        conn.execute("UPDATE pgsched.job SET command = replace(command, '(1,', format('(%s,', job_id))")
+    procs = []
+    try:
+        for i in range(2):
+            with open(tmp_path / f"launcher-{i}.log", "wb") as out:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "pgsched.cli", "serve", "--all-databases", "--dsn",
+                     cluster.dsn("postgres"), "--max-workers", "2"], stdout=out, stderr=out, start_new_session=True))
+        wait_for(lambda: len(instances(cluster, "shared")) == 2, 30, "a scheduler of each launcher")
+        wait_for(lambda: count(cluster, "shared") >= 18, 60, "six seconds of runs")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+    assert query(cluster.dsn("shared"), "SELECT job_id, at FROM effect GROUP BY 1, 2 HAVING count(*) > 1") == []
+    # Every plan that ran has one effect: none lost between the two.
+    assert query(cluster.dsn("shared"), "SELECT count(*) AS n FROM pgsched.job_run r WHERE r.outcome = 'success' "
+                                        "AND NOT EXISTS (SELECT 1 FROM effect e WHERE e.job_id = r.job_id "
+                                        "AND e.at = r.plan_time)")[0]["n"] == 0

@@ -249,3 +249,23 @@ def test_watch_reconnects_after_losing_its_connection(dsn: str, serve: ServeFact
     assert w.returncode == 0
     [event] = [json.loads(x) for x in out.splitlines()]
     assert (event["event"], event["job_id"], event["outcome"]) == ("run_end", bad, "failure")
+
+
+def test_a_schema_of_another_release_is_one_line_naming_both_versions(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        # What a later release's init would leave: an API that no longer serves this one.
+        c.execute("CREATE OR REPLACE FUNCTION pgsched._api(OUT api_version integer, OUT oldest_api_served integer, "
+                  "OUT release text) LANGUAGE sql AS $$ SELECT 9, 9, '9.0.0' $$")
+    for args in (("jobs",), ("status",)):
+        r = cli(*args, "--dsn", dsn)
+        assert r.returncode in (1, 2), (args, r.stdout, r.stderr)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1, r.stderr
+        assert "API is 9 (release 9.0.0" in lines[0] and "speaks API 2" in lines[0], lines[0]
+
+
+def test_shell_completion_script_is_generated() -> None:
+    r = subprocess.run([sys.executable, "-m", "pgsched"], capture_output=True, text=True, timeout=30, check=False,
+                       env={**os.environ, "_PGSCHED_COMPLETE": "bash_source"})
+    assert r.returncode == 0, r.stderr
+    assert "complete -o nosort -F _pgsched_completion pgsched" in r.stdout

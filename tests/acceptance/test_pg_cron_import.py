@@ -87,8 +87,8 @@ def test_import_switches_over_and_is_idempotent(cron_cluster: Cluster, serve: Se
         c.execute("CREATE ROLE alice LOGIN")
         # A pgsched job of the same role and name that was not imported: pg_cron's 'kept' is not imported
         # over it, and stays with pg_cron (whose runs of it show that pg_cron is alive).
-        c.execute("SELECT pgsched.alter_job(pgsched.schedule('kept', '1 hour', 'SELECT 1')::integer,"
-                  " scheduled => false)")
+        c.execute("SELECT pgsched.alter_job(pgsched.schedule('kept', '1 hour', 'SELECT 1')::integer, "
+                  "scheduled => false)")
         c.execute("CREATE TABLE public.ticks (job text, via text DEFAULT current_user, "
                   "at timestamptz DEFAULT clock_timestamp())")
         c.execute("GRANT INSERT ON public.ticks TO alice")

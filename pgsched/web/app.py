@@ -1,0 +1,331 @@
+"""The dashboard's URLs: each page reads through pgsched/ops (query, dashboard, upcoming) on
+the signed-in session's connection, and each action calls the same ops function as the CLI
+(alter_job, trigger_job, cancel_job), so PostgreSQL decides and its refusal is shown.
+
+Every POST carries the session's CSRF token; an action needs a confirmation page first;
+responses carry a strict Content-Security-Policy (no inline script: static/live.js)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import anyio.from_thread
+import psycopg
+import psycopg.errors
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from pgsched import __version__, schedule, store
+from pgsched.errors import first_line
+from pgsched.ops import dashboard, query, upcoming
+from pgsched.web import charts, words
+from pgsched.web.sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, SignInRefused, same
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50
+MAX_BARS = 2000          # runs drawn one by one up to this many; beyond, bucketed
+MAX_BUCKETS = 100        # buckets per row when bucketed (24 h: 15 minutes each)
+MAX_ROWS = 100           # jobs (rows) on one timeline
+STATEMENT_TIMEOUT = "30s"  # a page's query may not hold its session's connection longer
+MIN_WINDOW, MAX_WINDOW = timedelta(minutes=5), timedelta(days=7)
+ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Run now", "cancel": "Cancel the running run of"}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                               "form-action 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+Handler = Callable[[Request, Session], Response]
+
+
+def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lifetime: float = 8 * 3600.0) -> Starlette:
+    sessions = Sessions(dsn, idle=idle, lifetime=lifetime, statement_timeout=STATEMENT_TIMEOUT)
+    # --single-user: one session on the DSN's own connection (opened again if it is lost).
+    only: list[Session] = [sessions.single()] if single_user else []
+    single = only[0] if only else None
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.globals["version"] = __version__
+    templates.env.globals["outcomes"] = charts.OUTCOMES
+    templates.env.filters["when"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
+    templates.env.filters["secs"] = lambda s: "-" if s is None else f"{s:.3f}s"
+
+    def secure(resp: Response) -> Response:
+        for k, v in HEADERS.items():
+            resp.headers[k] = v
+        return resp
+
+    def render(request: Request, name: str, session: Session | None, status: int = 200, **ctx: Any) -> Response:
+        flash = list(session.flash) if session else []
+        if session:
+            session.flash.clear()
+        return secure(templates.TemplateResponse(request, name, {
+            "session": session, "single": single is not None, "flash": flash, **ctx}, status_code=status))
+
+    def session_of(request: Request) -> Session | None:
+        if not only:
+            return sessions.get(request.cookies.get(COOKIE))
+        if only[0].conn.closed or only[0].conn.broken:
+            csrf = only[0].csrf  # pages already open keep working
+            sessions.end(only[0].sid)
+            only[0] = sessions.single()
+            only[0].csrf = csrf
+        return only[0]
+
+    def page(handler: Handler) -> Callable[[Request], Response]:
+        """A handler that needs a session (else: to sign-in), on the session's connection, one
+        request at a time; a lost connection ends the session."""
+        def endpoint(request: Request) -> Response:
+            s = session_of(request)
+            if s is None:
+                if request.url.path == "/live":
+                    return secure(JSONResponse({"signin": True}, status_code=401))
+                return secure(RedirectResponse("/signin?" + urlencode({"next": request.url.path}), 303))
+            if request.method == "POST":
+                # Starlette caches the parsed form; the handler reads it again for free.
+                form = _form_sync(request)
+                if not same(form.get("csrf"), s.csrf):
+                    return secure(PlainTextResponse("refused: the form's CSRF token is missing or wrong "
+                                                    "(reload the page and try again)", status_code=403))
+            with s.lock:
+                try:
+                    return handler(request, s)
+                except psycopg.errors.QueryCanceled:
+                    return render(request, "error.html", s, status=503, message=(
+                        f"the page's query took longer than the dashboard's statement_timeout "
+                        f"({STATEMENT_TIMEOUT}); try a smaller window or a narrower search"))
+                except psycopg.OperationalError as e:
+                    if s.conn.broken or s.conn.closed:
+                        sessions.end(s.sid)
+                        return secure(PlainTextResponse(f"the database connection was lost: {first_line(e)}",
+                                                        status_code=503))
+                    raise
+                except query.JobNotFound as e:
+                    return render(request, "error.html", s, status=404, message=str(e))
+        return endpoint
+
+    # --- sign-in -------------------------------------------------------------------------------
+
+    def signin(request: Request) -> Response:
+        if single is not None:
+            return secure(RedirectResponse("/", 303))
+        nxt = _safe_next(request.query_params.get("next"))
+        if request.method == "GET":
+            token = secrets.token_urlsafe(32)
+            resp = render(request, "signin.html", None, token=token, next=nxt, error=None, role="")
+            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
+            return resp
+        form = _form_sync(request)
+        nxt = _safe_next(str(form.get("next") or "/"))
+        if not same(form.get("csrf"), request.cookies.get(LOGIN_COOKIE)):
+            return secure(PlainTextResponse("refused: the sign-in form's CSRF token is missing or wrong",
+                                            status_code=403))
+        role = str(form.get("role") or "")
+        try:
+            s = sessions.sign_in(role, str(form.get("password") or ""))
+        except SignInRefused as e:
+            token = secrets.token_urlsafe(32)
+            resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
+            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
+            return resp
+        resp = secure(RedirectResponse(nxt, 303))
+        _cookie(request, resp, COOKIE, s.sid, max_age=int(lifetime))
+        resp.delete_cookie(LOGIN_COOKIE, path="/")
+        return resp
+
+    def signout(request: Request, s: Session) -> Response:
+        if single is None:
+            sessions.end(s.sid)
+        resp = secure(RedirectResponse("/signin", 303))
+        resp.delete_cookie(COOKIE, path="/")
+        return resp
+
+    # --- pages ---------------------------------------------------------------------------------
+
+    def overview(request: Request, s: Session) -> Response:
+        c = s.conn
+        now, per_minute = dashboard.runs_per_minute(c)
+        return render(request, "overview.html", s, live=dashboard.fingerprint(c), now=now,
+                      instances=query.instances(c), chart=charts.runs_per_minute(per_minute, now),
+                      problems=dashboard.problems(c), errors=query.last_errors(c, 10))
+
+    def jobs(request: Request, s: Session) -> Response:
+        p = request.query_params
+        q, sort, desc = p.get("q", "").strip()[:200], p.get("sort", "id"), p.get("dir") == "desc"
+        page_no = _int(p.get("page"), 1, 1, 1_000_000)
+        result = dashboard.jobs_page(s.conn, search=q, sort=sort, descending=desc, limit=PAGE_SIZE,
+                                     offset=(page_no - 1) * PAGE_SIZE)
+        pages = max(1, -(-result.total // PAGE_SIZE))
+
+        def link(**kw: Any) -> str:
+            args = {"q": q, "sort": sort, "dir": "desc" if desc else "asc", "page": page_no, **kw}
+            return "/jobs?" + urlencode({k: v for k, v in args.items() if v not in ("", None)})
+
+        for r in result.rows:
+            r["words"] = words.describe(r["schedule"], r["timezone"])
+        return render(request, "jobs.html", s, live=dashboard.fingerprint(s.conn), rows=result.rows,
+                      total=result.total, page=page_no, pages=pages, q=q, sort=sort, desc=desc, link=link,
+                      sorts=list(dashboard.SORTS))
+
+    def job(request: Request, s: Session) -> Response:
+        job_id = int(request.path_params["job_id"])
+        c = s.conn
+        j = dashboard.job(c, job_id)
+        now = query.db_now(c)
+        try:
+            row = query.job_schedule(c, job_id)
+            sch = store.schedule_from_row(row)
+            delay = row["schedule_delay"] or timedelta(0)
+            first = row["next_start"] or schedule.eligible_at(schedule.first_start(sch, now), delay)
+            starts: list[datetime] = upcoming.next_starts(sch, first=first, n=10, delay=delay)
+            starts_error = None
+        except schedule.ScheduleError as e:
+            starts, starts_error = [], str(e)
+        runs = _int(request.query_params.get("runs"), 25, 1, 1000)
+        hist = query.history(c, job_id=job_id, limit=runs)
+        window = timedelta(hours=24)
+        tl, note, _ = _timeline(c, now - window, now, job_id)
+        return render(request, "job.html", s, live=dashboard.fingerprint(c), job=j, starts=starts,
+                      starts_error=starts_error, history=hist, words=words.describe(j["schedule"], j["timezone"]),
+                      timeline=tl, timeline_note=note, runs=runs)
+
+    def timeline(request: Request, s: Session) -> Response:
+        c = s.conn
+        text = request.query_params.get("window", "1h")
+        error = None
+        try:
+            window = query.parse_duration(text, "window")
+            if not MIN_WINDOW <= window <= MAX_WINDOW:
+                raise ValueError(f"window: {text!r} is out of range; give 5m to 7d")
+        except ValueError as e:
+            error, window = str(e), timedelta(hours=1)
+        now = query.db_now(c)
+        page_no = _int(request.query_params.get("page"), 1, 1, 1_000_000)
+        tl, note, pages = _timeline(c, now - window, now, None, page_no)
+        return render(request, "timeline.html", s, status=400 if error else 200, live=dashboard.fingerprint(c),
+                      timeline=tl, note=note, window=text, error=error, page=page_no, pages=pages,
+                      choices=["5m", "15m", "1h", "6h", "24h", "7d"])
+
+    def _timeline(c: query.Conn, start: datetime, end: datetime, job_id: int | None,
+                  page_no: int = 1) -> tuple[charts.Timeline, str, int]:
+        """The timeline of one job, or of a page of MAX_ROWS jobs; its note; the number of pages."""
+        if job_id is not None:
+            jobs_, total = [{"job_id": job_id, "job_name": dashboard.job(c, job_id)["job_name"]}], 1
+        else:
+            jobs_, total = dashboard.timeline_jobs(c, MAX_ROWS, (page_no - 1) * MAX_ROWS)
+        ids = [j["job_id"] for j in jobs_]
+        # The buckets come first and count the runs: a wide window needs only them (one read of
+        # its runs), a narrow one reads its few runs once more to draw each.
+        size = charts.bucket_size(end - start, MAX_BUCKETS)
+        buckets = dashboard.timeline_buckets(c, start, end, ids, size)
+        runs = sum(int(b["n"]) for b in buckets)
+        pages = max(1, -(-total // MAX_ROWS))
+        notes = []
+        if total > len(jobs_) or page_no > 1:
+            first = (page_no - 1) * MAX_ROWS + 1
+            notes.append(f"jobs {first}-{first + len(jobs_) - 1} of {total} (page {page_no} of {pages})")
+        if runs > MAX_BARS:
+            tl = charts.bucketed(start, end, jobs_, buckets, size)
+            notes.append(f"{runs} runs are more than {MAX_BARS} bars: bucketed by "
+                         f"{int(size.total_seconds())} s, each bar counts its runs (hover for the counts)")
+        else:
+            tl = charts.timeline(start, end, jobs_, dashboard.timeline_runs(c, start, end, ids))
+            notes.append(f"{runs} runs, one bar each")
+        return tl, "; ".join(notes), pages
+
+    def confirm(request: Request, s: Session) -> Response:
+        action = request.path_params["action"]
+        if action not in ACTIONS:
+            return render(request, "error.html", s, status=404, message=f"no action {action!r}")
+        j = dashboard.job(s.conn, int(request.path_params["job_id"]))
+        return render(request, "confirm.html", s, job=j, action=action, label=ACTIONS[action])
+
+    def act(request: Request, s: Session) -> Response:
+        action = request.path_params["action"]
+        job_id = int(request.path_params["job_id"])
+        if action not in ACTIONS:
+            return render(request, "error.html", s, status=404, message=f"no action {action!r}")
+        try:
+            if action in ("pause", "resume"):
+                query.set_scheduled(s.conn, job_id, action == "resume")
+                s.flash.append(("ok", f"job {job_id} {'resumed' if action == 'resume' else 'paused'}"))
+            elif action == "trigger":
+                plan = query.trigger(s.conn, job_id)
+                s.flash.append(("ok", f"job {job_id}: a run was requested (plan time {plan:%Y-%m-%d %H:%M:%S})"))
+            else:
+                ids = query.cancel(s.conn, job_id)
+                s.flash.append(("ok", f"job {job_id}: cancel requested for run(s) {', '.join(map(str, ids))}"
+                                if ids else f"job {job_id} has no run in progress to cancel"))
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as e:
+            s.flash.append(("refused", f"PostgreSQL refused ({e.sqlstate}): {first_line(e)}"))
+        return secure(RedirectResponse(f"/jobs/{job_id}", 303))
+
+    def live(request: Request, s: Session) -> Response:
+        return secure(JSONResponse({"v": dashboard.fingerprint(s.conn)}))
+
+    routes = [
+        Route("/", page(overview)),
+        Route("/jobs", page(jobs)),
+        Route("/jobs/{job_id:int}", page(job)),
+        Route("/jobs/{job_id:int}/{action:str}", page(confirm), methods=["GET"]),
+        Route("/jobs/{job_id:int}/{action:str}", page(act), methods=["POST"]),
+        Route("/timeline", page(timeline)),
+        Route("/live", page(live)),
+        Route("/signin", signin, methods=["GET", "POST"]),
+        Route("/signout", page(signout), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        sessions.close_all()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sessions = sessions
+    return app
+
+
+def _form_sync(request: Request) -> dict[str, str]:
+    """The urlencoded form of a request, read in a sync handler (Starlette runs those in a
+    thread; the body is read on the event loop through anyio's portal)."""
+    cached = request.scope.get("pgsched.form")
+    if cached is None:
+        async def read() -> dict[str, str]:
+            form = await request.form()
+            return {k: v for k, v in form.items() if isinstance(v, str)}
+
+        cached = anyio.from_thread.run(read)
+        request.scope["pgsched.form"] = cached
+    return dict(cached)
+
+
+def _cookie(request: Request, resp: Response, name: str, value: str, max_age: int) -> None:
+    resp.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="strict",
+                    secure=request.url.scheme == "https")
+
+
+def _safe_next(nxt: str | None) -> str:
+    """Only a path of this site (no open redirect)."""
+    if not nxt or not nxt.startswith("/") or nxt.startswith("//") or "\\" in nxt:
+        return "/"
+    return nxt
+
+
+def _int(text: str | None, default: int, lo: int, hi: int) -> int:
+    try:
+        return max(lo, min(hi, int(text or default)))
+    except ValueError:
+        return default

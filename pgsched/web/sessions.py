@@ -1,0 +1,165 @@
+"""Who is signed in: a session is a PostgreSQL connection opened with the role and password
+a person typed, so every query of theirs runs as that role and row-level security decides
+what they see. The password goes to libpq and nowhere else: not kept, not logged, not in an
+error message. Sessions end after `idle` seconds without a request or `lifetime` seconds in
+all, and their connection is closed. Each session has its own CSRF token, which every POST
+must carry (checked with a constant-time comparison)."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgsched import migrate
+from pgsched.errors import PgschedError, first_line
+from pgsched.ops.query import Conn
+
+COOKIE = "pgsched_session"
+LOGIN_COOKIE = "pgsched_signin"
+
+
+class SignInRefused(PgschedError):
+    """PostgreSQL (or the form) refused the sign-in; the message never holds the password."""
+
+
+@dataclass
+class Session:
+    sid: str
+    role: str
+    conn: Conn
+    csrf: str
+    created: float
+    seen: float
+    # One request at a time on the session's connection (Starlette runs handlers in threads).
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    flash: list[tuple[str, str]] = field(default_factory=list)
+
+    def close(self) -> None:
+        with contextlib.suppress(psycopg.Error):
+            self.conn.close()
+
+
+def same(a: str | None, b: str | None) -> bool:
+    """Constant-time equality of two tokens; a missing one is never equal."""
+    return bool(a) and bool(b) and hmac.compare_digest(str(a), str(b))
+
+
+def open_connection(dsn: str, role: str | None = None, password: str | None = None,
+                    statement_timeout: str | None = None) -> Conn:
+    """A connection for a session: the DSN's, with `role` and `password` in place of its own."""
+    params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(dsn)
+    if role is not None:
+        params["user"] = role
+        params["password"] = password
+    params.setdefault("connect_timeout", 10)
+    conn: Conn = psycopg.connect(autocommit=True, row_factory=dict_row, application_name="pgsched web",
+                                 **{k: v for k, v in params.items() if v is not None})
+    try:
+        if statement_timeout is not None:
+            conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, false)", (statement_timeout,))
+        migrate.check_version(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Sessions:
+    """The live sessions of one server process, by a random id (the cookie's value)."""
+
+    def __init__(self, dsn: str, *, idle: float = 1800.0, lifetime: float = 8 * 3600.0,
+                 clock: Callable[[], float] = time.monotonic, statement_timeout: str | None = None) -> None:
+        self.dsn = dsn
+        self.statement_timeout = statement_timeout
+        self.idle = idle
+        self.lifetime = lifetime
+        self.clock = clock
+        self._by_id: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def sign_in(self, role: str, password: str) -> Session:
+        if not role or len(role) > 63:
+            raise SignInRefused("role: give the name of a PostgreSQL role (1 to 63 characters)")
+        if not password:
+            raise SignInRefused("password: give the role's PostgreSQL password")
+        try:
+            conn = open_connection(self.dsn, role, password, self.statement_timeout)
+        except psycopg.Error as e:
+            # libpq's message names the role, never the password; scrub it anyway.
+            raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***")) from None
+        if not conn.pgconn.used_password:
+            # trust (or peer, ident, cert) authentication: the password was never checked, so
+            # anyone could sign in as this role. PostgreSQL must check it, or nobody signs in.
+            conn.close()
+            raise SignInRefused(f"sign-in refused: the server let role {role} in without checking its password "
+                                "(pg_hba.conf trust, peer or similar); the dashboard signs in only where PostgreSQL "
+                                "asks for the password (use --single-user on a laptop)")
+        return self._add(role, conn)
+
+    def single(self) -> Session:
+        """The one session of --single-user: the DSN's own role."""
+        conn = open_connection(self.dsn, statement_timeout=self.statement_timeout)
+        row = conn.execute("SELECT current_user AS u").fetchone()
+        assert row is not None
+        s = self._add(str(row["u"]), conn)
+        s.created = s.seen = float("inf")  # never expires
+        return s
+
+    def _add(self, role: str, conn: Conn) -> Session:
+        now = self.clock()
+        s = Session(secrets.token_urlsafe(32), role, conn, secrets.token_urlsafe(32), now, now)
+        with self._lock:
+            self._by_id[s.sid] = s
+        self.expire()
+        return s
+
+    def get(self, sid: str | None) -> Session | None:
+        """The session of this id if it is still valid (and now seen)."""
+        self.expire()
+        if not sid:
+            return None
+        with self._lock:
+            s = self._by_id.get(sid)
+        if s is None:
+            return None
+        if s.conn.closed or s.conn.broken:
+            self.end(s.sid)
+            return None
+        if s.seen != float("inf"):
+            s.seen = self.clock()
+        return s
+
+    def end(self, sid: str) -> None:
+        with self._lock:
+            s = self._by_id.pop(sid, None)
+        if s is not None:
+            s.close()
+
+    def expire(self) -> None:
+        now = self.clock()
+        with self._lock:
+            gone = [s for s in self._by_id.values()
+                    if s.seen != float("inf") and (now - s.seen > self.idle or now - s.created > self.lifetime)]
+            for s in gone:
+                del self._by_id[s.sid]
+        for s in gone:
+            s.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            all_ = list(self._by_id.values())
+            self._by_id.clear()
+        for s in all_:
+            s.close()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
