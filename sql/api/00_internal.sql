@@ -478,6 +478,15 @@ DECLARE
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         from_state := OLD.state;
+    ELSE
+        -- pg_restore of an extension's catalog (pgsched/extension.py): the extension's triggers
+        -- exist while its rows are loaded, so each restored job came with a fresh job_stat row
+        -- (_job_row_change) before job_stat's own rows arrive. A dumped row replaces it, in the
+        -- state it was dumped in. Nothing else inserts a job_stat row for a job that has one.
+        DELETE FROM pgsched.job_stat s WHERE s.job_id = NEW.job_id;
+        IF FOUND THEN
+            RETURN NEW;
+        END IF;
     END IF;
     -- NULL is the NOT NULL constraint's to refuse, with its own error.
     IF NEW.state IS NULL OR pgsched._state_allowed(from_state, NEW.state) THEN
