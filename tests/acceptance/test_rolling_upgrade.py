@@ -52,6 +52,7 @@ SQL_ERROR = re.compile(r" (ERROR|CRITICAL) |database error|Traceback|psycopg\.er
 # During the rolling upgrade not even a warning is expected (a lost connection, a job behind),
 # but for the reconnect the test forces on 0.1.0's instances after init (in 0.1.0's words).
 FORCED_RECONNECT = "lost the database connection: consuming input failed: server closed the connection unexpectedly"
+RACED_INIT = "database error in the scheduler loop (continuing): cache lookup failed for function"
 NOT_QUIET = re.compile(r" (WARNING|ERROR|CRITICAL) |database error|Traceback|psycopg\.errors", re.IGNORECASE)
 
 
@@ -234,10 +235,16 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     # The other jobs too: every run closed, every one a success.
     closed = Counter(r["outcome"] for j in ticks for r in history(dsn, j))
     assert closed.keys() == {"success"} and closed["success"] > 100, closed
-    # No instance of either release logged an SQL error, nor any warning.
-    # The one warning expected: the connection this test ended on purpose, once per old instance.
+    # No instance of either release logged an SQL error, nor any warning, but two kinds in an old
+    # instance: the connection this test ended on purpose, and at most one lost race with init's
+    # commit (README "Upgrading": a function 0.1.0 calls that gained an argument is a new function,
+    # and the old one is dropped; a statement of 0.1.0 planned just before init committed and run
+    # just after it finds the old one gone; the instance's loop goes on).
+    raced = {s.pid: [line for line in s.log_lines() if RACED_INIT in line] for s in olds}
+    assert all(len(lines) <= 1 for lines in raced.values()), raced
     errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)
-                      and not (s in olds and FORCED_RECONNECT in line)] for s in [*olds, *news]}
+                      and not (s in olds and (FORCED_RECONNECT in line or RACED_INIT in line))]
+              for s in [*olds, *news]}
     assert not any(errors.values()), errors
 
 
