@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,8 +196,13 @@ def test_dump_and_restore_keeps_jobs_owners_security_and_history(
             top = c.execute("SELECT max(run_id) FROM pgsched.job_run").fetchone()
             assert top is not None
 
-        # The copy runs the jobs from where they were: no plan of the source runs again.
+        # The copy runs the jobs from where they were: no plan of the source runs again, and the
+        # plans due while neither ran are the catch-up policy's (latest: the newest runs, the
+        # others are counted missed).
         last_plan = {r["job_id"]: r["plan_time"] for r in runs}
+        missed_before = {r["job_name"]: r["total_missed"] for r in query(copy, "SELECT job_name, total_missed "
+                                                                              "FROM pgsched.job_stats")}
+        time.sleep(3)  # a gap of several plans (a job every second)
         ticks_before = ticks(copy)
         second = serve(copy)
         wait_for(lambda: ticks(copy) >= ticks_before + 4, 20, "runs of both jobs on the copy")
@@ -206,6 +212,9 @@ def test_dump_and_restore_keeps_jobs_owners_security_and_history(
                     (top[0],))
         assert new and all(r["plan_time"] > last_plan[r["job_id"]] for r in new)
         assert {r["job_id"] for r in new if r["outcome"] == "success"} == set(last_plan)
+        missed_after = {r["job_name"]: r["total_missed"] for r in query(copy, "SELECT job_name, total_missed "
+                                                                             "FROM pgsched.job_stats")}
+        assert all(missed_after[n] >= missed_before[n] + 2 for n in missed_before), (missed_before, missed_after)
         # Each successful run's effect is there once.
         assert ticks(copy) - ticks_before == sum(1 for r in new if r["outcome"] == "success")
     finally:
