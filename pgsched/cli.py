@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -619,3 +620,29 @@ def import_pg_cron(source: str, target: str | None, history: bool, disable_sourc
         raise click.ClickException(f"{redact(source)}: {str(e).strip()}") from None
     for line in report.lines():
         click.echo(line)
+
+
+@main.group("extension")
+def extension_group() -> None:
+    """CREATE EXTENSION pgsched on a self-hosted server (pgsched init is the way on a managed one)."""
+
+
+@extension_group.command("install")
+@click.option("--pg-config", "pg_config", default=None,
+              help="The server's pg_config (default: the one on PATH); its --sharedir decides where.")
+@click.option("--dir", "directory", default=None, type=click.Path(path_type=Path),
+              help="Write into this directory instead (packaging; the server's is SHAREDIR/extension).")
+def extension_install(pg_config: str | None, directory: Path | None) -> None:
+    """Write pgsched.control and the versioned scripts, generated from this pgsched's sql/, into the
+    server's extension directory; then CREATE EXTENSION pgsched (or ALTER EXTENSION pgsched UPDATE)."""
+    from pgsched import extension
+
+    try:
+        target = directory if directory is not None else extension.sharedir(pg_config)
+        written = extension.install(target, extension.scripts())
+    except PgschedError as e:
+        _fail(str(e))
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"pgsched {__version__}: now CREATE EXTENSION pgsched; (or ALTER EXTENSION pgsched UPDATE;) "
+               "in each database")

@@ -50,6 +50,23 @@ RELEASE_0_1_0_MIGRATIONS = 5
 LEDGERS = ("pgsched.migration", "pgsched.schema_migration")
 
 
+# The oldest PostgreSQL pgsched runs on: its views are security_invoker (new in PostgreSQL 15).
+MIN_SERVER = 15
+
+
+def check_server_version(version_text: str) -> int:
+    """The major version in PostgreSQL's `version()` text (or pg_config --version); an error that
+    names it when pgsched does not support it."""
+    m = re.search(r"PostgreSQL (\d+)", version_text)
+    if m is None:
+        raise SchemaVersionMismatch(f"server version: cannot read {version_text!r} (expected 'PostgreSQL N.N')")
+    major = int(m.group(1))
+    if major < MIN_SERVER:
+        raise SchemaVersionMismatch(f"PostgreSQL {major}, which pgsched does not support: it needs PostgreSQL "
+                                    f"{MIN_SERVER} or later")
+    return major
+
+
 def ledger(version: int) -> str:
     """The table a migration of this version is recorded in."""
     return LEDGERS[0] if version <= RELEASE_0_1_0_MIGRATIONS else LEDGERS[1]
@@ -82,9 +99,10 @@ class Migration:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
 
-def migrations() -> list[Migration]:
+def migrations(sql_dir: Path | None = None) -> list[Migration]:
+    """The migrations of sql/ (of this installation, or of another tree's `sql_dir`)."""
     found = []
-    for path in sorted((_source_dir("sql") / "migrations").glob("*.sql")):
+    for path in sorted(((sql_dir or _source_dir("sql")) / "migrations").glob("*.sql")):
         m = MIGRATION_FILE.match(path.name)
         if not m:
             raise ValueError(f"migration file {path.name} is not named NNNN_name.sql")
@@ -104,8 +122,8 @@ def works_on_every_function(f: Path) -> bool:
     return f.parent.name == "api" and f.name >= "90_"
 
 
-def api_files(with_plpython: bool) -> list[Path]:
-    files = sorted((_source_dir("sql") / "api").glob("*.sql"))
+def api_files(with_plpython: bool, sql_dir: Path | None = None) -> list[Path]:
+    files = sorted(((sql_dir or _source_dir("sql")) / "api").glob("*.sql"))
     if with_plpython:
         # PL/Python definitions replace the plain-SQL fallbacks of the same name,
         # and must exist before the files numbered 90 and up, which work on every
@@ -130,24 +148,31 @@ class InitResult:
     pg_cron_compat: bool = False
 
 
-def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
-    cur.execute("CREATE SCHEMA IF NOT EXISTS pgsched")
-    for table in LEDGERS:
-        cur.execute(sql.SQL(
-            """CREATE TABLE IF NOT EXISTS {} (
-                   version    integer PRIMARY KEY,
-                   name       text NOT NULL,
-                   checksum   text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())""").format(sql.SQL(table)))
-    # Readable by all, as pgsched.migration is (0002_security.sql).
-    cur.execute("GRANT SELECT ON pgsched.schema_migration TO PUBLIC")
-    cur.execute(
+def bootstrap_statements(schema: bool = True) -> list[str]:
+    """The schema, the two ledgers and api_state, before any migration: what `init` runs first,
+    and what an extension's install script starts with (pgsched/extension.py; CREATE EXTENSION
+    makes the schema itself)."""
+    return [
+        *(["CREATE SCHEMA IF NOT EXISTS pgsched"] if schema else []),
+        *(f"""CREATE TABLE IF NOT EXISTS {table} (
+                  version    integer PRIMARY KEY,
+                  name       text NOT NULL,
+                  checksum   text NOT NULL,
+                  applied_at timestamptz NOT NULL DEFAULT now())""" for table in LEDGERS),
+        # Readable by all, as pgsched.migration is (0002_security.sql).
+        "GRANT SELECT ON pgsched.schema_migration TO PUBLIC",
         """CREATE TABLE IF NOT EXISTS pgsched.api_state (
                singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
                checksum   text NOT NULL,
                plpython   boolean NOT NULL,
-               applied_at timestamptz NOT NULL DEFAULT now())"""
-    )
+               applied_at timestamptz NOT NULL DEFAULT now())""",
+    ]
+
+
+def _bootstrap(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
+    for statement in bootstrap_statements():
+        # Constant text of this module (LEDGERS are its own names), no input in it.
+        cur.execute(sql.SQL(statement))
 
 
 def schema_api(cur: psycopg.Cursor[Any]) -> api.SchemaApi:
@@ -240,15 +265,7 @@ def _drop_plpython_functions(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
     )
     for (fn,) in cur.fetchall():
         cur.execute(sql.SQL("DROP FUNCTION {} CASCADE").format(sql.SQL(str(fn))))
-    # next_runs exists only with PL/Python; its public wrapper goes with it.
-    cur.execute("DROP FUNCTION IF EXISTS pgsched.next_runs(text, integer, text, timestamptz) CASCADE")
-    cur.execute(
-        """SELECT p.oid::regprocedure::text FROM pg_proc p
-            WHERE p.pronamespace = 'public'::regnamespace AND p.proname = 'next_runs'
-              AND obj_description(p.oid, 'pg_proc') = 'pgsched API wrapper'"""
-    )
-    for (fn,) in cur.fetchall():
-        cur.execute(sql.SQL("DROP FUNCTION {}").format(sql.SQL(str(fn))))
+    # next_runs stays: sql/api/05_cron.sql gives it a plain-SQL body when the files are applied next.
 
 
 def _applied(cur: psycopg.Cursor[Any]) -> dict[int, str]:
@@ -275,9 +292,20 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True,
     """
     todo = migrations()
     with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT pg_catalog.version()")
+        row = cur.fetchone()
+        assert row is not None
+        check_server_version(str(row[0]))  # before anything is written
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         if pg_cron_compat:
             compat.check_can_install(cur)  # before anything is written
+        cur.execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pgsched'")
+        row = cur.fetchone()
+        if row is not None:
+            raise SchemaVersionMismatch(
+                f"pgsched is installed in this database as an extension (version {row[0]}): `pgsched init` "
+                "does not change it; upgrade it with `pgsched extension install` on the server and "
+                "ALTER EXTENSION pgsched UPDATE")
         _bootstrap(cur)
         applied = _applied(cur)
         newest = max(applied, default=0)

@@ -103,89 +103,14 @@ SET search_path = pg_catalog, pg_temp AS $$
                 WHERE f !~* '^([0-9*/,?LW#$-]|JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC|SUN|MON|TUE|WED|THU|FRI|SAT)+$'))
 $$;
 
--- Syntax and range check of a cron expression in plain SQL, so it is checked at
--- add_job even where PL/Python is not available. The PL/Python check (exact
--- semantics, impossible dates) runs in addition when installed.
+-- The cron check of add_job's syntax pass: pgsched's full parser in PL/pgSQL
+-- (sql/api/05_cron.sql, the same as pgsched/cron.py parse_cron), so every server refuses the
+-- same expressions.
 CREATE OR REPLACE FUNCTION pgsched._check_cron_syntax(expr text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    expected constant text := 'a cron expression of 5 fields (minute hour day-of-month month day-of-week), '
-        || '6 (second first) or 7 (second first, year last), or @hourly/@daily/@weekly/@monthly/@yearly';
-    fields text[];
-    names text[];
-    lo int[];
-    hi int[];
-    f text;
-    item text;
-    m text[];
-    v int;
-    i int;
-    offs int;
 BEGIN
-    IF btrim(expr) ~* '^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$' THEN
-        RETURN;
-    END IF;
-    fields := regexp_split_to_array(btrim(expr), '\s+');
-    IF array_length(fields, 1) NOT BETWEEN 5 AND 7 THEN
-        PERFORM pgsched._bad_arg('schedule', format('%L has %s fields', expr, array_length(fields, 1)), expected);
-    END IF;
-    IF array_length(fields, 1) = 5 THEN
-        names := ARRAY['minute', 'hour', 'day-of-month', 'month', 'day-of-week'];
-        lo := ARRAY[0, 0, 1, 1, 0];
-        hi := ARRAY[59, 23, 31, 12, 7];
-    ELSE
-        names := ARRAY['second', 'minute', 'hour', 'day-of-month', 'month', 'day-of-week', 'year'];
-        lo := ARRAY[0, 0, 0, 1, 1, 0, 1970];
-        hi := ARRAY[59, 59, 23, 31, 12, 7, 2199];
-    END IF;
-    FOR i IN 1 .. array_length(fields, 1) LOOP
-        f := upper(fields[i]);
-        -- Names become numbers so one range check serves both spellings.
-        IF names[i] = 'month' THEN
-            f := replace(replace(replace(replace(replace(replace(f, 'JAN', '1'), 'FEB', '2'), 'MAR', '3'),
-                 'APR', '4'), 'MAY', '5'), 'JUN', '6');
-            f := replace(replace(replace(replace(replace(replace(f, 'JUL', '7'), 'AUG', '8'), 'SEP', '9'),
-                 'OCT', '10'), 'NOV', '11'), 'DEC', '12');
-        ELSIF names[i] = 'day-of-week' THEN
-            f := replace(replace(replace(replace(replace(replace(replace(f, 'SUN', '0'), 'MON', '1'),
-                 'TUE', '2'), 'WED', '3'), 'THU', '4'), 'FRI', '5'), 'SAT', '6');
-        END IF;
-        FOREACH item IN ARRAY string_to_array(f, ',') LOOP
-            IF item = '' THEN
-                PERFORM pgsched._bad_arg('schedule', format('%L: empty list item in the %s field', expr, names[i]),
-                                         expected);
-            END IF;
-            IF names[i] = 'day-of-month' AND item ~ '^(L|\$|LW|[0-9]+W|L-[0-9]+|\?)$' THEN CONTINUE; END IF;
-            IF names[i] = 'day-of-week' AND item ~ '^([0-7]L|[0-7]#[1-5]|\?)$' THEN CONTINUE; END IF;
-            m := regexp_match(item, '^(\*|[0-9]+)(?:-([0-9]+))?(?:/([0-9]+))?$');
-            IF m IS NULL OR (m[1] = '*' AND m[2] IS NOT NULL) THEN
-                PERFORM pgsched._bad_arg('schedule', format('%L: %L is not valid in the %s field', expr, item,
-                                                            names[i]), expected);
-            END IF;
-            IF m[3] IS NOT NULL AND m[3]::numeric = 0 THEN
-                PERFORM pgsched._bad_arg('schedule', format('%L: step 0 in the %s field', expr, names[i]), expected);
-            END IF;
-            -- As pg_cron (and pgsched.cron): a step above the field's largest value ('*/60' minutes)
-            -- can only mean the first value, more likely a typo than a schedule.
-            IF m[3] IS NOT NULL AND (length(m[3]) > 9 OR m[3]::int > hi[i]) THEN
-                PERFORM pgsched._bad_arg('schedule', format('%L: step %s in the %s field is larger than its '
-                                         || 'largest value %s', expr, m[3], names[i], hi[i]), expected);
-            END IF;
-            FOR offs IN 1 .. 2 LOOP
-                IF m[offs] IS NOT NULL AND m[offs] <> '*' THEN
-                    IF length(m[offs]) > 9 OR m[offs]::int NOT BETWEEN lo[i] AND hi[i] THEN
-                        PERFORM pgsched._bad_arg('schedule', format('%L: %s value %s out of range %s-%s', expr,
-                                                 names[i], m[offs], lo[i], hi[i]), expected);
-                    END IF;
-                END IF;
-            END LOOP;
-            IF m[2] IS NOT NULL AND m[2]::int < m[1]::int THEN
-                PERFORM pgsched._bad_arg('schedule', format('%L: reversed range %s-%s in the %s field', expr, m[1],
-                                                            m[2], names[i]), expected);
-            END IF;
-        END LOOP;
-    END LOOP;
+    PERFORM pgsched._cron_parse(expr);
 END
 $$;
 
@@ -302,15 +227,14 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched._iv_months(iv), pgsched._iv_days(iv), pgsched._iv_micros(iv)
 $$;
 
--- Exact schedule check and first start. These SQL versions are the fallback for
--- servers without PL/Python: cron gets the syntax check above only, and a cron
--- job's first next_start is left NULL for the scheduler to fill in.
--- plpython/schedule.sql replaces both with the shared Python implementation.
+-- Exact schedule check and first start in plain SQL (the cron engine of 05_cron.sql), for
+-- servers without PL/Python; plpython/schedule.sql replaces both with the Python code. The
+-- exact check requires a firing after now (refuses 31 February, a year in the past).
 CREATE OR REPLACE FUNCTION pgsched._check_schedule_exact(schedule text, timezone text)
-RETURNS void LANGUAGE plpgsql IMMUTABLE
+RETURNS void LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    RETURN;
+    PERFORM pgsched._cron_next_n(schedule, timezone, pg_catalog.now(), 1);
 END
 $$;
 
@@ -325,7 +249,14 @@ DECLARE
     k numeric;
 BEGIN
     IF iv IS NULL THEN
-        RETURN NULL;
+        -- cron: the first firing after `at`, or at/after a future origin (schedule.first_start)
+        IF at IS NULL OR NOT pg_catalog.isfinite(at)
+           OR (initial_start IS NOT NULL AND NOT pg_catalog.isfinite(initial_start)) THEN
+            RETURN NULL;
+        END IF;
+        RETURN (pgsched._cron_next_n(schedule, timezone,
+                                     CASE WHEN initial_start > at THEN initial_start - interval '1 microsecond'
+                                          ELSE at END, 1))[1];
     ELSIF initial_start IS NULL THEN
         RETURN at;
     ELSIF initial_start >= at OR NOT fixed_schedule THEN
@@ -547,6 +478,15 @@ DECLARE
 BEGIN
     IF TG_OP = 'UPDATE' THEN
         from_state := OLD.state;
+    ELSE
+        -- pg_restore of an extension's catalog (pgsched/extension.py): the extension's triggers
+        -- exist while its rows are loaded, so each restored job came with a fresh job_stat row
+        -- (_job_row_change) before job_stat's own rows arrive. A dumped row replaces it, in the
+        -- state it was dumped in. Nothing else inserts a job_stat row for a job that has one.
+        DELETE FROM pgsched.job_stat s WHERE s.job_id = NEW.job_id;
+        IF FOUND THEN
+            RETURN NEW;
+        END IF;
     END IF;
     -- NULL is the NOT NULL constraint's to refuse, with its own error.
     IF NEW.state IS NULL OR pgsched._state_allowed(from_state, NEW.state) THEN

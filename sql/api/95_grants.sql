@@ -27,6 +27,9 @@ DECLARE
         '_store_new_job', '_first_next_start', '_replan', '_iv_months', '_iv_days', '_iv_micros',
         -- run_job's marks: SECURITY DEFINER, limited to the caller's own manual run (20_runs.sql)
         '_run_job_start', '_run_job_end',
+        -- the plain-SQL cron engine (05_cron.sql) behind the same three
+        '_cron_fail', '_cron_value', '_cron_expand', '_cron_parse', '_cron_day_list', '_cron_ge', '_tz_offset',
+        '_tz_transition', '_resolve_local', '_cron_next_wall', '_cron_next_n', '_add_interval_local',
         -- PL/Python schedule code behind _check_schedule_exact, _first_start and next_runs
         '_ts_micros', '_micros_ts', '_py_check_cron', '_py_first_start', '_py_next_runs',
         -- trigger functions (only callable as triggers anyway)
