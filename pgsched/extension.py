@@ -174,7 +174,7 @@ def scripts(version: str = __version__, sql_dir: Path | None = None,
     its install script and an update script from each earlier release."""
     if not VERSION.match(version):
         raise ExtensionError(f"version: {version!r} is not a release version (accepted form: N.N.N)")
-    source = sql_dir or migrate._source_dir("sql")
+    source = sql_dir or migrate.sql_dir()
     files = {f"{NAME}.control": control_file(version), f"{NAME}--{version}.sql": install_script(source)}
     for old, count in (EARLIER_RELEASES if earlier is None else earlier).items():
         if old != version:

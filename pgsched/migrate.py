@@ -88,6 +88,11 @@ def _source_dir(name: str) -> Path:
     return found
 
 
+def sql_dir() -> Path:
+    """This installation's sql/ (migrations, API files, compat), whatever the layout."""
+    return _source_dir("sql")
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
