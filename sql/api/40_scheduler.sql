@@ -132,6 +132,11 @@ BEGIN
                row_number() OVER (ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id) AS n
           FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= _claim_v2.now + ahead
+                   -- Implied by the line above (priorities are within +-3600 s): a bound on the
+                   -- index's key, so that the index in claim order is the one read, whatever the
+                   -- estimate of how many are due (else: the next_start index, then a sort of all).
+                   AND pgsched._claim_key(s.next_start, s.priority)
+                       <= pg_catalog.timezone('UTC', _claim_v2.now + ahead) + interval '3600 seconds'
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
                  ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id

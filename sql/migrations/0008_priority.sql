@@ -8,12 +8,13 @@ ALTER TABLE pgsched.job ADD COLUMN priority integer NOT NULL DEFAULT 0;
 -- rows it claims. The job's own priority is copied here by its trigger (sql/api/00_internal.sql).
 ALTER TABLE pgsched.job_stat ADD COLUMN priority integer NOT NULL DEFAULT 0;
 
--- IMMUTABLE, truthfully: whole seconds, no days or months, so no time zone takes part (the
--- operator is declared STABLE for intervals that have them). Made here, not in sql/api/, because
--- the index depends on it.
+-- The key in UTC wall time (timestamp without time zone): every step is IMMUTABLE, so PostgreSQL
+-- inlines it (timestamptz - interval is STABLE, and a function declared stricter than its body
+-- runs through the SQL-function executor on every call: that doubled the claim). Made here, not
+-- in sql/api/, because the index depends on it.
 CREATE FUNCTION pgsched._claim_key(next_start timestamptz, priority integer)
-RETURNS timestamptz LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN next_start - pg_catalog.make_interval(secs => priority);
+RETURNS timestamp LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.timezone('UTC', next_start) - pg_catalog.make_interval(secs => priority);
 
 CREATE INDEX job_stat_claim_order_idx ON pgsched.job_stat (pgsched._claim_key(next_start, priority), job_id)
     WHERE state = 'scheduled';
