@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgsched import schedule
 from pgsched.errors import PgschedError
+from pgsched.model import PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
     import psycopg
@@ -107,6 +108,7 @@ class JobSpec:
     allow_stale_reentry: bool
     scope_query: str | None
     database: str | None = None
+    priority: int = 0
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -117,7 +119,7 @@ class JobSpec:
             "catch_up": self.catch_up, "config": self.config, "scheduled": self.scheduled,
             "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
-            "scope_query": self.scope_query, "database": self.database,
+            "scope_query": self.scope_query, "database": self.database, "priority": self.priority,
         }
 
 
@@ -205,6 +207,7 @@ def job(
     allow_stale_reentry: bool = False,
     scope_query: str | None = None,
     database: str | None = None,
+    priority: int = 0,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
@@ -213,6 +216,7 @@ def job(
     With `scope_query=` (a SQL query returning keys) each plan runs once per key,
     which the handler finds in `run.scope`; the deploy checks that the query plans.
     With `database=` the run's session opens in that database of the same server.
+    `priority=` (seconds of precedence among due jobs) orders the claim when workers are short.
     """
 
     def declare(func: F) -> F:
@@ -255,6 +259,9 @@ def job(
         if database is not None and (not isinstance(database, str) or not database.strip()):
             raise JobDeclarationError(f"{fn}: database must be the name of a database, or None for the "
                                       f"scheduler's own, not {database!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise JobDeclarationError(f"{fn}: priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX} "
+                                      f"(seconds of precedence among due jobs), not {priority!r}")
         if initial_start is not None and initial_start.tzinfo is None:
             raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
         try:
@@ -278,6 +285,7 @@ def job(
             catch_up=catch_up, config=config, scheduled=scheduled,
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
             allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
+            priority=priority,
         )
         return func
 

@@ -301,7 +301,8 @@ def jobs(dsn: str | None, state: str | None, failing: bool, owner: str | None, a
         render.emit_json(rows)
         return
     render.table(None, rows, [("job_id", "id"), ("job_name", "name"), ("owner", "owner"), ("kind", "kind"),
-                              ("schedule", "schedule"), ("state", "state"), ("next_start", "next start"),
+                              ("schedule", "schedule"), ("priority", "priority"), ("state", "state"),
+                              ("next_start", "next start"),
                               ("last_outcome", "last outcome"), ("last_outcome_at", "at"),
                               ("consecutive_failures", "failures in a row")])
 

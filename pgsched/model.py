@@ -16,6 +16,10 @@ from pgsched.catchup import Policy
 from pgsched.protocol import run_app_name
 from pgsched.schedule import Schedule
 
+# A job's priority: seconds of precedence among due jobs. SQL's _check_settings (sql/api/10_jobs.sql)
+# refuses the same range (tests/integration/test_priority.py checks both ends on both sides).
+PRIORITY_MIN, PRIORITY_MAX = -3600, 3600
+
 
 @dataclass(frozen=True)
 class JobSettings:
@@ -38,6 +42,7 @@ class JobSettings:
     allow_stale_reentry: bool = False
     scope_query: str | None = None
     database: str | None = None  # the database its runs' sessions open in; None: the scheduler's own
+    priority: int = 0  # seconds of precedence among due jobs (the claim's order; README "Priority")
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:

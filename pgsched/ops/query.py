@@ -99,7 +99,7 @@ FAILING = ("(s.consecutive_failures > 0 "
 
 def jobs(conn: Conn, *, state: str | None = None, failing: bool = False, owner: str | None = None) -> list[Row]:
     return conn.execute(
-        "SELECT s.job_id, s.job_name, s.owner::text AS owner, j.kind, j.schedule, s.state, s.next_start, "
+        "SELECT s.job_id, s.job_name, s.owner::text AS owner, j.kind, j.schedule, j.priority, s.state, s.next_start, "
         "       lr.last_outcome, lr.last_outcome_at, s.consecutive_failures, s.consecutive_crashes, "
         "       s.disabled_reason "
         "  FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id" + _LAST_RUN +

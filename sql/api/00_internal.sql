@@ -523,7 +523,8 @@ CREATE OR REPLACE TRIGGER job_stat_state_update BEFORE UPDATE OF state ON pgsche
     EXECUTE FUNCTION pgsched._check_state_change();
 
 -- A job row always has its job_stat row, whether it came through add_job or
--- direct DML; pausing and resuming are reflected in the state.
+-- direct DML; pausing and resuming are reflected in the state, and its priority is copied
+-- beside next_start, where the claim's index reads it (migration 0008).
 -- SECURITY DEFINER: other roles may not write job_stat (0002_security.sql), but
 -- their job's own row follows what they did to the job, which row-level
 -- security has already allowed. A trigger function cannot be called directly.
@@ -532,10 +533,15 @@ RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO pgsched.job_stat (job_id, state)
-        VALUES (NEW.job_id, CASE WHEN NEW.scheduled THEN 'scheduled' ELSE 'disabled' END)
+        INSERT INTO pgsched.job_stat (job_id, state, priority)
+        VALUES (NEW.job_id, CASE WHEN NEW.scheduled THEN 'scheduled' ELSE 'disabled' END, NEW.priority)
         ON CONFLICT (job_id) DO NOTHING;
-    ELSIF NEW.scheduled IS DISTINCT FROM OLD.scheduled THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.priority IS DISTINCT FROM OLD.priority THEN
+        UPDATE pgsched.job_stat SET priority = NEW.priority WHERE job_stat.job_id = NEW.job_id;
+    END IF;
+    IF NEW.scheduled IS DISTINCT FROM OLD.scheduled THEN
         IF NEW.scheduled THEN
             -- Re-enabling forgives past failures (TimescaleDB does the same). A paused job
             -- being run by hand stays disabled until that run ends (its close then moves it
@@ -557,7 +563,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER job_row_change AFTER INSERT OR UPDATE OF scheduled ON pgsched.job
+CREATE OR REPLACE TRIGGER job_row_change AFTER INSERT OR UPDATE OF scheduled, priority ON pgsched.job
     FOR EACH ROW EXECUTE FUNCTION pgsched._job_row_change();
 
 CREATE OR REPLACE FUNCTION pgsched._touch_updated_at()

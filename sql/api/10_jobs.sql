@@ -52,7 +52,15 @@ BEGIN
             || 'integer, interval, text, boolean, interval, integer, interval, boolean, text)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
-            || 'text)']
+            || 'text)',
+        -- with database, before priority (migration 0008)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text, text)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -97,7 +105,8 @@ SELECT pgsched._define_type('job_settings', $$
     schedule_delay      interval,
     allow_stale_reentry boolean,
     scope_query         text,
-    database            text         -- NULL: the scheduler's own database
+    database            text,        -- NULL: the scheduler's own database
+    priority            integer      -- seconds of precedence among due jobs (README "Priority")
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -106,7 +115,8 @@ RETURNS pgsched.job_settings LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_catalog.jsonb_populate_record(NULL::pgsched.job_settings, pg_catalog.jsonb_build_object(
         'fixed_schedule', true, 'scheduled', true, 'max_retries', -1, 'retry_period', '5 minutes',
-        'catch_up', 'latest', 'max_plans_per_tick', 100, 'schedule_delay', '0', 'allow_stale_reentry', false))
+        'catch_up', 'latest', 'max_plans_per_tick', 100, 'schedule_delay', '0', 'allow_stale_reentry', false,
+        'priority', 0))
 $$;
 
 -- `base` with the settings named in `changes` (a jsonb object: setting => value, JSON null for
@@ -237,6 +247,8 @@ DECLARE
         || 'column, such as ''SELECT region FROM regions'' (no trailing semicolon: it runs as SELECT s.* FROM '
         || '(<query>) AS s), or NULL for a job that is not scoped (in alter_job: NULL keeps the query, '''' '
         || 'removes it)';
+    priority_form constant text := 'a whole number from -3600 to 3600 (seconds of precedence among due jobs; '
+        || 'default 0)';
     plan_line record;
 BEGIN
     IF s.fixed_schedule IS NULL THEN
@@ -297,6 +309,11 @@ BEGIN
     IF length(s.job_name) > 500 THEN
         PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(s.job_name)),
                                  'a name of at most 500 characters');
+    END IF;
+    IF s.priority IS NULL THEN
+        PERFORM pgsched._bad_arg('priority', 'NULL', priority_form, '22004');
+    ELSIF s.priority NOT BETWEEN -3600 AND 3600 THEN
+        PERFORM pgsched._bad_arg('priority', format('%s is out of range', s.priority), priority_form);
     END IF;
     IF s.database IS NOT NULL AND check_database THEN
         PERFORM pgsched._check_database(s.database, coalesce(owner, current_user::regrole));
@@ -414,7 +431,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     schedule_delay interval DEFAULT interval '0',
     allow_stale_reentry boolean DEFAULT false,
     scope_query text DEFAULT NULL,
-    database text DEFAULT NULL)
+    database text DEFAULT NULL,
+    priority integer DEFAULT 0)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -427,7 +445,8 @@ SET intervalstyle = 'postgres' AS $$
                                    'retry_period', retry_period, 'catch_up', catch_up,
                                    'catch_up_window', catch_up_window, 'max_plans_per_tick', max_plans_per_tick,
                                    'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
-                                   'scope_query', scope_query, 'database', database)))
+                                   'scope_query', scope_query, 'database', database,
+                                   'priority', priority)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -452,7 +471,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     schedule_delay interval DEFAULT interval '0',
     allow_stale_reentry boolean DEFAULT false,
     scope_query text DEFAULT NULL,
-    database text DEFAULT NULL)
+    database text DEFAULT NULL,
+    priority integer DEFAULT 0)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -464,7 +484,7 @@ BEGIN
                            catch_up => catch_up, if_not_exists => if_not_exists, catch_up_window => catch_up_window,
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
                            allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
-                           database => database);
+                           database => database, priority => priority);
 END
 $$;
 
@@ -605,7 +625,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     schedule_delay interval DEFAULT NULL,
     allow_stale_reentry boolean DEFAULT NULL,
     scope_query text DEFAULT NULL,
-    database text DEFAULT NULL)
+    database text DEFAULT NULL,
+    priority integer DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -620,7 +641,7 @@ SET intervalstyle = 'postgres' AS $$
             'max_runtime', $3, 'max_retries', $4, 'retry_period', $5, 'scheduled', $6, 'config', $7,
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
             'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
-            'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23))
+            'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23, 'priority', $24))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)

@@ -69,7 +69,7 @@ SELECT pgsched._define_type('_launch_row_v2', $$
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz, scheduled boolean, job_state text, database text$$);
+    db_now timestamptz, scheduled boolean, job_state text, database text, priority integer$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
@@ -91,7 +91,7 @@ SELECT j.job_id, j.job_name, j.kind,
        extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
        j.scheduled,
        -- appended (release 0.1.0's view is replaced in place): the job's database, NULL for ours
-       j.database
+       j.database, j.priority
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -102,7 +102,8 @@ SELECT j.job_id, j.job_name, j.kind,
   ) pr ON true;
 
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
--- (most overdue first), then, with the workers left, queued runs of scoped jobs.
+-- (most overdue first, a job's priority counted as that many seconds more overdue: migration
+-- 0008 and its index), then, with the workers left, queued runs of scoped jobs.
 -- Each gets a 'running' job_run row carrying the worker that will run it and a lease
 -- token, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED and the
 -- state check let several schedulers claim at once without waiting on or
@@ -128,12 +129,17 @@ BEGIN
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
                -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
                pgsched._delayed(s.next_start, -s.schedule_delay) AS plan_time,
-               row_number() OVER (ORDER BY s.next_start, s.job_id) AS n
+               row_number() OVER (ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id) AS n
           FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
                  WHERE s.state = 'scheduled' AND s.next_start <= _claim_v2.now + ahead
+                   -- Implied by the line above (priorities are within +-3600 s): a bound on the
+                   -- index's key, so that the index in claim order is the one read, whatever the
+                   -- estimate of how many are due (else: the next_start index, then a sort of all).
+                   AND pgsched._claim_key(s.next_start, s.priority)
+                       <= pg_catalog.timezone('UTC', _claim_v2.now + ahead) + interval '3600 seconds'
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
-                 ORDER BY s.next_start, s.job_id
+                 ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id
                  LIMIT cardinality(worker_pids)
                    FOR UPDATE OF s SKIP LOCKED) s
     ), queued AS (
@@ -202,7 +208,7 @@ BEGIN
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
-           clock_timestamp(), v.scheduled, st.state, v.database
+           clock_timestamp(), v.scheduled, st.state, v.database, v.priority
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -484,7 +490,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database
+           NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 

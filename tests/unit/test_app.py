@@ -99,6 +99,11 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "scope_query": "x" * 10_001}, "at most 10000 characters"),
     ({"every": "1 minute", "scope_query": b"SELECT 1"}, "scope_query must be one SQL query"),
     ({"every": "1 minute", "scope_query": ["SELECT 1"]}, "or None for a job that is not scoped"),
+    ({"every": "1 minute", "priority": 3601}, "priority must be a whole number from -3600 to 3600"),
+    ({"every": "1 minute", "priority": -3601}, "priority must be a whole number from -3600 to 3600"),
+    ({"every": "1 minute", "priority": 1.5}, "priority must be a whole number"),
+    ({"every": "1 minute", "priority": True}, "priority must be a whole number"),
+    ({"every": "1 minute", "priority": None}, "priority must be a whole number"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
