@@ -221,7 +221,12 @@ class Dispatch(LoopState):
             if worker.retiring:
                 worker.close_stdin()
         elif isinstance(ev, protocol.Lost):
-            worker.retiring = True  # its connection died after its run ended: replace it
+            # Its idle session died (a server restart, a terminated backend): replace it. Closing
+            # its stdin lets it exit; a run sent before this was read still reaches it, and it
+            # runs that run on a new session.
+            worker.retiring = True
+            if worker.run is None:
+                worker.close_stdin()
         elif isinstance(ev, protocol.Failed):
             # Typically the connection limit, or a server still starting: back off rather than
             # respawn in a loop. Workers of one round fail together: that is one failure, not eight.

@@ -74,7 +74,7 @@ class Done:
 
 @dataclass(frozen=True)
 class Lost:
-    """The worker's idle session was lost after its run ended: it exits and must be replaced."""
+    """The worker's idle session was lost: replace it and close its stdin (it exits then, or at once)."""
 
     KIND: ClassVar[str] = "lost"
 

@@ -280,7 +280,7 @@ def main() -> int:
         return EXIT_CONNECT
     heartbeat = pyjob.Heartbeat(dsn)
     _emit(out, Ready(pid=os.getpid(), backend_pid=session.backend_pid, role=session.role))
-    for line in _requests(session):
+    for line in _requests(session, out):
         msg = json.loads(line)
         if not _idle_session_alive(session.conn):
             # The server closed the idle session just as this run was handed over (a restart):
@@ -320,15 +320,17 @@ def main() -> int:
     return EXIT_LOST if session.conn.closed or session.conn.broken else EXIT_OK
 
 
-def _requests(session: Session) -> Iterator[bytes]:
-    """Lines from stdin until it closes, or until the idle connection is lost.
+def _requests(session: Session, out: IO[str]) -> Iterator[bytes]:
+    """Lines from stdin until it closes.
 
     While waiting for a run the worker also watches its connection's socket: a
     server restart, pg_terminate_backend or idle_session_timeout ends an idle
     session, and a worker that only found out at its next run would turn that
-    run into a crash. Exiting at once (EXIT_LOST) lets the parent replace it
-    before giving it work. stdin is read unbuffered so that select() sees
-    every line that is waiting.
+    run into a crash. It says so at once (Lost), so the parent replaces it and
+    closes its stdin, but it keeps reading until then: a run the parent sent
+    before it read Lost (after reconnecting to a restarted server, say) still
+    arrives, and main() runs it on a new session instead of leaving it to crash.
+    stdin is read unbuffered so that select() sees every line that is waiting.
     """
     stdin = sys.stdin.fileno()
     buf = b""
@@ -337,8 +339,8 @@ def _requests(session: Session) -> Iterator[bytes]:
             conn = session.conn  # the session may have reconnected as another owner
             watch = [stdin] if conn.closed else [stdin, conn.fileno()]
             ready, _, _ = select.select(watch, [], [])
-            if watch[-1] in ready and watch[-1] != stdin and not _still_connected(conn) and stdin not in ready:
-                return
+            if watch[-1] in ready and watch[-1] != stdin and not _still_connected(conn):
+                _emit(out, Lost())
             # With a run waiting on stdin, the loop in main() reconnects and runs it.
             if stdin in ready:
                 chunk = os.read(stdin, 65536)

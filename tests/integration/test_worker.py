@@ -57,6 +57,45 @@ def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: st
         launcher.reap(w, timeout=5)
 
 
+def test_a_worker_whose_idle_session_dies_says_so_and_still_runs_what_was_sent_before_it_was_replaced(
+        db: str, conn: Conn) -> None:
+    """After a server restart the scheduler may reconnect and hand out runs before it has read that
+    its workers lost their sessions. The worker reports Lost at once but goes on reading until its
+    stdin closes, so such a run runs on a new session instead of crashing with the worker."""
+    conn.execute("CREATE TABLE ran (x int)")
+    w = launcher.launch(db)
+    try:
+        ready = events(w, protocol.Ready)[-1]
+        assert isinstance(ready, protocol.Ready)
+        old_backend, role = ready.backend_pid, str(ready.role)
+        conn.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
+        assert [type(e) for e in events(w, protocol.Lost)] == [protocol.Lost]
+        time.sleep(0.2)
+        assert w.proc.poll() is None, "the worker exited with a run possibly on its way"
+        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
+                "config": None, "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
+                "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
+        seen = events(w, protocol.Done)
+        backend = [e for e in seen if isinstance(e, protocol.Backend)]
+        assert backend and backend[0].backend_pid != old_backend, seen
+        done = next(e for e in seen if isinstance(e, protocol.Done))
+        assert done.ok is True, done
+        assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+    finally:
+        w.close_stdin()
+    assert launcher.reap(w, timeout=5) == 0
+
+
+def test_a_worker_whose_idle_session_died_exits_when_its_stdin_closes(db: str, conn: Conn) -> None:
+    w = launcher.launch(db)
+    ready = events(w, protocol.Ready)[-1]
+    assert isinstance(ready, protocol.Ready)
+    conn.execute("SELECT pg_terminate_backend(%s)", (ready.backend_pid,))
+    events(w, protocol.Lost)
+    w.close_stdin()
+    assert launcher.reap(w, timeout=5) == 4  # EXIT_LOST: its session is gone
+
+
 def test_a_job_whose_worker_dies_is_aborted_by_the_server(db: str, conn: Conn) -> None:
     """The worker's session checks that its client is there (client_connection_check_interval): a job
     whose worker was killed stops within a moment instead of running on to an unrecorded commit."""
