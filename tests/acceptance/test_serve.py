@@ -158,6 +158,7 @@ def test_worker_killed_mid_run_is_a_crash(jobs_db: str, serve: ServeFactory) -> 
 
     # (The harness finds the workers by the marker they inherit: check that it does.)
     assert {s.pid, run["worker_pid"]} <= set(pids_with_marker(s.tag))
+    killed_at = query(dsn, "SELECT now() AS t")[0]["t"]
     os.kill(run["worker_pid"], signal.SIGKILL)
     ended = wait_outcome(dsn, run["run_id"], 5)
     assert ended["outcome"] == "crash", ended
@@ -178,7 +179,8 @@ def test_worker_killed_mid_run_is_a_crash(jobs_db: str, serve: ServeFactory) -> 
                                s.total_failures AS failures
                           FROM pgsched.job_stat s WHERE s.job_id = %s""", (ticker,))[0]
     assert (tick["crashes"], tick["failures"]) == (0, 0), tick
-    assert set(outcomes(dsn, ticker)) <= {"success", "running"}
+    # (A plan passed over while the instance was still starting is 'skipped': not this test's business.)
+    assert {r["outcome"] for r in history(dsn, ticker) if r["plan_time"] >= killed_at} <= {"success", "running"}
     assert s.proc.poll() is None
 
 
