@@ -355,7 +355,7 @@ def _successes(dsn: str, job_id: int) -> int:
 def test_catalog_changes_take_effect_within_100ms(api: Conn, jobs_db: str, serve: ServeFactory) -> None:
     dsn = jobs_db
     idle = add_job(dsn, "'tick', '1 hour', initial_start => now() + interval '1 minute'")
-    serve(dsn, "--max-workers", "2", *FAST)
+    serve(dsn, "--max-workers", "2", *FAST).wait_log("ready:", 10)  # its workers are connected
     time.sleep(0.3)  # let it settle into its idle wait
 
     added = [_start_latency(api, dsn, "SELECT pgsched.add_job('tick', '1 hour')", ()) for _ in range(5)]
@@ -390,6 +390,7 @@ def test_overlapping_slots_are_skipped(jobs_db: str, serve: ServeFactory) -> Non
     dsn = jobs_db
     job = add_job(dsn, "'sleeper', '1 second', config => '{\"s\": 2.5}'")
     serve(dsn, "--max-workers", "4", *FAST)
+    running_run(dsn, job)  # from the first run on (however long the instance took to start)
     deadline = time.monotonic() + 6.5
     most = 0
     while time.monotonic() < deadline:
