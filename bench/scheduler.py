@@ -5,6 +5,7 @@
     ./dev bench scheduler throughput  trivial jobs, runs/s, vs pgbench on the same SQL; transactions per run
     ./dev bench scheduler idle        10,000 jobs none due for 60 s: scheduler CPU and queries/s
     ./dev bench scheduler scale       100,000 jobs: time to ready and RSS
+    ./dev bench scheduler startup     from `serve` to the first runs of 16 jobs already due (5 starts)
     ./dev bench scheduler mixed       200 SQL jobs and 200 Python handlers: runs/s of each
     ./dev bench scheduler all
     ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
@@ -28,6 +29,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -372,8 +374,52 @@ def mixed(seconds: float = 20.0, workers: int = 8) -> dict[str, Any]:
             "not_successful": failed[0] if failed else None, "workers": workers}
 
 
+def startup(starts: int = 5, jobs: int = 16) -> dict[str, Any]:
+    """`pgsched serve` started `starts` times on a database where `jobs` jobs are already due:
+    seconds from the process's start to its first run, to its 8th, to its 'ready' line (all 8
+    workers connected) and to its instance's registration (before any worker is launched). The server's clock and ours are the same machine's."""
+    firsts: list[float] = []
+    eighths: list[float] = []
+    readies: list[float] = []
+    instances: list[float] = []
+    with cluster() as (_, dsn):
+        add_jobs(dsn, jobs, "mark", "1 hour", fixed=False, delay_s=3600)
+        for _ in range(starts):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("TRUNCATE bench_start")
+                conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second'")
+            t0 = time.time()
+            with serve(dsn, "--max-workers", "8") as (_, log):
+                rec = wait_for_log(log, "ready:", 30)
+                instances.append(datetime_epoch(wait_for_log(log, "started (max_workers", 1)) - t0)
+                deadline = time.monotonic() + 30
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    while True:
+                        row = conn.execute("SELECT count(*), min(extract(epoch FROM at)), "
+                                           "(array_agg(extract(epoch FROM at) ORDER BY at))[8] FROM bench_start"
+                                           ).fetchone()
+                        if row and row[0] >= 8:
+                            break
+                        if time.monotonic() > deadline:
+                            raise TimeoutError("fewer than 8 runs started within 30 s")
+                        time.sleep(0.05)
+            firsts.append(float(row[1]) - t0)
+            eighths.append(float(row[2]) - t0)
+            readies.append(datetime_epoch(rec) - t0)
+    return {"scenario": "startup", "starts": starts, "jobs_due": jobs,
+            "first_run_s": round(statistics.median(firsts), 3), "eighth_run_s": round(statistics.median(eighths), 3),
+            "ready_s": round(statistics.median(readies), 3),
+            "instance_registered_s": round(statistics.median(instances), 3), "first_run_each_s": [round(x, 3) for x in firsts],
+            "target": "ready to run within 0.3 s of start (issue 13)"}
+
+
+def datetime_epoch(rec: dict[str, Any]) -> float:
+    """The time of a JSON log record, as seconds since the epoch."""
+    return datetime.fromisoformat(str(rec["ts"])).timestamp()
+
+
 SCENARIOS = {"lag": lag, "burst": burst, "throughput": throughput, "idle": idle, "scale": scale, "mixed": mixed,
-             "priority": priority, "ageing": ageing}
+             "priority": priority, "ageing": ageing, "startup": startup}
 
 
 def main() -> None:

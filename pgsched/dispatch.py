@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import selectors
 import signal
 import time
@@ -25,6 +26,9 @@ from pgsched.state import JobState, Outcome, end_of_run, log_change
 from pgsched.store import Claimed, Closed, Finish
 
 log = logging.getLogger("pgsched.scheduler")
+
+# How many workers may be starting (launched, not yet connected) at once: one per core.
+STARTING_AT_ONCE = max(1, len(os.sched_getaffinity(0)))
 
 
 class Dispatch(LoopState):
@@ -159,7 +163,12 @@ class Dispatch(LoopState):
         if time.monotonic() < self._spawn_at:
             return
         live = [w for w in self.workers.values() if not w.retiring]
-        for _ in range(self.settings.max_workers - len(live)):
+        # Each new worker spends about 0.3 s of CPU importing psycopg and connecting. Eight
+        # launched at once on two cores are all ready only after a second, and so is the first;
+        # a core's worth at a time gives the first runs a worker within that 0.3 s, and all of
+        # them no later.
+        starting = sum(1 for w in live if not w.ready)
+        for _ in range(min(self.settings.max_workers - len(live), STARTING_AT_ONCE - starting)):
             w = launcher.launch(self.settings.dsn, self.settings.apps)
             self.workers[w.pid] = w
             self._selector.register(w.proc.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
@@ -184,7 +193,8 @@ class Dispatch(LoopState):
             worker.ready = True
             self._spawn_failures = 0
             self.dirty = self.dirty or self.next_due is not None
-            if not self._announced_ready and all(w.ready for w in self.workers.values()):
+            if not self._announced_ready and \
+                    sum(1 for w in self.workers.values() if w.ready) >= self.settings.max_workers:
                 self._announced_ready = True
                 log.info("ready: %d workers connected, %.2fs after start", len(self.workers),
                          time.monotonic() - self.started_mono)
