@@ -377,7 +377,8 @@ def mixed(seconds: float = 20.0, workers: int = 8) -> dict[str, Any]:
 def startup(starts: int = 5, jobs: int = 16) -> dict[str, Any]:
     """`pgsched serve` started `starts` times on a database where `jobs` jobs are already due:
     seconds from the process's start to its first run, to its 8th, to its 'ready' line (all 8
-    workers connected) and to its instance's registration (before any worker is launched). The server's clock and ours are the same machine's."""
+    workers connected) and to its instance's registration (before any worker is launched). The
+    server's clock and ours are the same machine's."""
     firsts: list[float] = []
     eighths: list[float] = []
     readies: list[float] = []
@@ -409,7 +410,8 @@ def startup(starts: int = 5, jobs: int = 16) -> dict[str, Any]:
     return {"scenario": "startup", "starts": starts, "jobs_due": jobs,
             "first_run_s": round(statistics.median(firsts), 3), "eighth_run_s": round(statistics.median(eighths), 3),
             "ready_s": round(statistics.median(readies), 3),
-            "instance_registered_s": round(statistics.median(instances), 3), "first_run_each_s": [round(x, 3) for x in firsts],
+            "instance_registered_s": round(statistics.median(instances), 3),
+            "first_run_each_s": [round(x, 3) for x in firsts],
             "target": "ready to run within 0.3 s of start (issue 13)"}
 
 
