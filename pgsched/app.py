@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pgsched import schedule
+from pgsched import exclusion, schedule
 from pgsched.errors import PgschedError
 from pgsched.model import PRIORITY_MAX, PRIORITY_MIN
 
@@ -109,6 +109,7 @@ class JobSpec:
     scope_query: str | None
     database: str | None = None
     priority: int = 0
+    exclude: str | None = None
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -120,6 +121,7 @@ class JobSpec:
             "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
             "scope_query": self.scope_query, "database": self.database, "priority": self.priority,
+            "exclude": self.exclude,
         }
 
 
@@ -208,6 +210,7 @@ def job(
     scope_query: str | None = None,
     database: str | None = None,
     priority: int = 0,
+    exclude: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
@@ -217,6 +220,7 @@ def job(
     which the handler finds in `run.scope`; the deploy checks that the query plans.
     With `database=` the run's session opens in that database of the same server.
     `priority=` (seconds of precedence among due jobs) orders the claim when workers are short.
+    `exclude=` (a 5-field cron expression) names minutes in which a planned start is skipped.
     """
 
     def declare(func: F) -> F:
@@ -262,6 +266,13 @@ def job(
         if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
             raise JobDeclarationError(f"{fn}: priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX} "
                                       f"(seconds of precedence among due jobs), not {priority!r}")
+        if exclude is not None and not isinstance(exclude, str):
+            raise JobDeclarationError(f"{fn}: exclude must be {exclusion.FORM}, or None, not {exclude!r}")
+        if exclude is not None:
+            try:
+                exclusion.parse(exclude)
+            except schedule.ScheduleError as e:
+                raise JobDeclarationError(f"{fn}: {e}") from None
         if initial_start is not None and initial_start.tzinfo is None:
             raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
         try:
@@ -285,7 +296,7 @@ def job(
             catch_up=catch_up, config=config, scheduled=scheduled,
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
             allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
-            priority=priority,
+            priority=priority, exclude=" ".join(exclude.split()) if exclude else None,
         )
         return func
 

@@ -344,9 +344,9 @@ def history(job: str | None, dsn: str | None, outcome: str | None, since: str | 
 def next_cmd(job: str | None, expr: str | None, timezone: str | None, count: int, dsn: str | None,
              as_json: bool) -> None:
     """Next start times of JOB, or of --schedule EXPR (pgsched's own schedule code; no database needed)."""
-    from datetime import UTC, datetime, timedelta
+    from datetime import UTC, datetime
 
-    from pgsched import schedule, store
+    from pgsched import schedule
     from pgsched.ops import query, render, upcoming
 
     if (job is None) == (expr is None):
@@ -361,10 +361,7 @@ def next_cmd(job: str | None, expr: str | None, timezone: str | None, count: int
             with _ops(dsn) as conn:
                 row = query.job_schedule(conn, _job(conn, job).job_id)  # type: ignore[arg-type]
                 now = query.db_now(conn)
-            s = store.schedule_from_row(row)
-            delay = row["schedule_delay"] or timedelta(0)
-            first = row["next_start"] or schedule.eligible_at(schedule.first_start(s, now), delay)
-            starts = upcoming.next_starts(s, first=first, n=count, delay=delay)
+            starts = upcoming.job_starts(row, now=now, n=count)
     except schedule.ScheduleError as e:
         raise click.BadParameter(str(e), param_hint="--schedule" if expr else "JOB") from None
     if as_json:

@@ -269,6 +269,12 @@ def _day_list(c: Cron, y: int, m: int) -> list[int]:
     return sorted(dom & dow if c.dom_any or c.dow_any else dom | dow)
 
 
+def matches_minute(c: Cron, wall: datetime) -> bool:
+    """Whether the local wall time's minute matches `c` (its seconds and years are not looked at)."""
+    return (wall.minute in c.minutes and wall.hour in c.hours and wall.month in c.months
+            and wall.day in _day_list(c, wall.year, wall.month))
+
+
 def _next_wall(c: Cron, lb: datetime, ylimit: int) -> datetime | None:
     """The first local wall time >= lb (whole seconds) that matches, or None up to ylimit."""
     y, mo, d, h, mi, s = lb.year, lb.month, lb.day, lb.hour, lb.minute, lb.second

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from pgsched import launcher, protocol
+from pgsched import exclusion, launcher, protocol
 from pgsched.errors import first_line
 from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
@@ -104,6 +104,10 @@ class Dispatch(LoopState):
 
     def _launch_run(self, worker: Worker, run: Run) -> None:
         job = run.job
+        if (job.exclude is not None and not run.scope and not run.manual
+                and exclusion.excluded(job.exclude, job.schedule.tz, run.plan_time)):
+            self._skip_excluded(run)
+            return
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   "the job's owner role no longer exists: delete the job or give it a new owner")
@@ -148,6 +152,28 @@ class Dispatch(LoopState):
                 "outcome": str(outcome), "duration_s": duration,
                 "lag_s": (run.started_at - run.plan_time).total_seconds(), "sqlstate": sqlstate,
                 "instance_id": self.instance_id, "scope": run.scope or None}
+
+    def _skip_excluded(self, run: Run) -> None:
+        """A claimed plan in a minute of its job's exclusion window: closed as skipped, not run (its
+        worker stays idle), and the job planned past the window."""
+        job = run.job
+        end = end_of_run(job, outcome=Outcome.SKIPPED, plan_time=run.plan_time, finish=self.clock.now(),
+                         consecutive_failures=run.consecutive_failures,
+                         consecutive_crashes=run.consecutive_crashes, message=None, rng=self.rng)
+        message = f"plan in an excluded minute (exclude '{job.exclude}')"
+        count, last = end.excluded
+        if count:
+            message += f"; the {count} later plan(s) up to {last.isoformat() if last else '?'} too"
+        if end.disable_reason:
+            log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
+            message = f"{message} [{end.disable_reason}]"
+        log.info("run skipped job=%s run=%s plan=%s: %s", job.job_id, run.run_id, run.plan_time.isoformat(), message)
+        self.pending.append(Finish(
+            run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
+            finished_at=self.clock.now(), disable_reason=end.disable_reason, excluded=count,
+            lease_token=run.lease_token, schedule_delay=job.schedule_delay.total_seconds()))
+        if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
+            self.next_due = end.next_start
 
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""

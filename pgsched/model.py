@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgsched.catchup import Policy
+from pgsched.cron import Cron
 from pgsched.protocol import run_app_name
 from pgsched.schedule import Schedule
 
@@ -43,6 +44,7 @@ class JobSettings:
     scope_query: str | None = None
     database: str | None = None  # the database its runs' sessions open in; None: the scheduler's own
     priority: int = 0  # seconds of precedence among due jobs (the claim's order; README "Priority")
+    exclude: str | None = None  # minutes not to run in, a 5-field cron (pgsched/exclusion.py)
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:
@@ -90,6 +92,7 @@ class Job:
     allow_stale_reentry: bool = False
     scope_query: str | None = None  # a scoped job: each plan runs once per key this query returns
     database: str | None = None  # its runs' sessions open in this database; None: the scheduler's own
+    exclude: Cron | None = None  # its exclusion window: plans in these minutes are skipped
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from pgsched import catchup, schedule
+from pgsched import catchup, exclusion, schedule
 from pgsched.model import Job
 
 log = logging.getLogger("pgsched.state")
@@ -106,6 +106,8 @@ class RunEnd:
     disable_reason: str | None = None
     # Regular plans passed over while the run was in progress: (count, first, last).
     skipped: tuple[int, datetime | None, datetime | None] = (0, None, None)
+    # A plan skipped by the exclusion window: the further excluded plans passed over with it (count, last).
+    excluded: tuple[int, datetime | None] = (0, None)
 
 
 def end_of_run(
@@ -131,12 +133,29 @@ def end_of_run(
         # Its one plan is the server's start: no next start until the server starts again
         # (pgsched._arm_restart_jobs). The stored one is kept; the claim passes over it.
         return RunEnd(outcome, None, JobState.SCHEDULED)
+    if outcome is Outcome.SKIPPED:
+        return _past_window(job, plan_time=plan_time, finish=schedule.plan_of(finish, delay))
     try:
         end = _next(job, outcome=outcome, plan_time=plan_time, finish=schedule.plan_of(finish, delay),
                     failures=consecutive_failures + 1, crashes=consecutive_crashes + 1, message=message, rng=rng)
     except (ValueError, OverflowError) as e:
         return RunEnd(outcome, None, JobState.DISABLED, unusable(e))
     return _delayed(end, delay)
+
+
+def _past_window(job: Job, *, plan_time: datetime, finish: datetime) -> RunEnd:
+    """After a plan its job's exclusion window skipped: the next plan outside the window."""
+    assert job.exclude is not None
+    try:
+        passed = exclusion.next_allowed(job.schedule, job.exclude, plan_time=plan_time, finish=finish)
+    except (ValueError, OverflowError) as e:
+        return RunEnd(Outcome.SKIPPED, None, JobState.DISABLED, unusable(e))
+    if passed.plan is None:
+        return RunEnd(Outcome.SKIPPED, None, JobState.DISABLED,
+                      f"exclude '{job.exclude}' leaves the schedule no start in the next "
+                      f"{exclusion.MAX_MINUTES} minutes")
+    return _delayed(RunEnd(Outcome.SKIPPED, passed.plan, JobState.SCHEDULED, excluded=(passed.count, passed.last)),
+                    job.schedule_delay)
 
 
 def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, crashes: int,

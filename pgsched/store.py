@@ -24,7 +24,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgsched import migrate, schedule
+from pgsched import exclusion, migrate, schedule
 from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
 from pgsched.model import Job, JobSettings, Run
@@ -93,6 +93,9 @@ class Finish:
     finished_at: datetime
     disable_reason: str | None = None
     skipped: tuple[int, datetime | None, datetime | None] = (0, None, None)
+    # A plan skipped by its job's exclusion window (outcome 'skipped'): the further excluded plans
+    # passed over with it, counted in total_skipped.
+    excluded: int = 0
     rows_affected: int | None = None
     result: Any = None
     # The worker and backend that really ran it (a worker may have reconnected as the job's owner).
@@ -408,7 +411,7 @@ class Store:
             "disable_reason": _text(f.disable_reason), "rows_affected": f.rows_affected, "result": _json(f.result),
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
             "worker_pid": f.worker_pid, "backend_pid": f.backend_pid, "lease_token": f.lease_token,
-            "scopes": f.scopes, "schedule_delay_s": f.schedule_delay,
+            "scopes": f.scopes, "schedule_delay_s": f.schedule_delay, "excluded": f.excluded,
         } for f in finishes]
         return self._execute("SELECT * FROM pgsched._close_runs(%s)", (Jsonb(payload),))
 
@@ -465,6 +468,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
         max_runtime=s.max_runtime, max_retries=s.max_retries, retry_period=s.retry_period,
         catch_up=Policy(s.catch_up, s.catch_up_window, s.max_plans_per_tick), schedule_delay=s.schedule_delay,
         allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query, database=s.database,
+        exclude=exclusion.parse(s.exclude) if s.exclude else None,
     )
 
 

@@ -128,7 +128,7 @@ def history(conn: Conn, *, job_id: int | None = None, outcome: str | None = None
 def job_schedule(conn: Conn, job_id: int) -> Row:
     """What pgsched.schedule needs to compute a job's next starts (as store.schedule_from_row reads it)."""
     row = conn.execute(
-        "SELECT j.schedule, j.fixed_schedule, j.initial_start, j.timezone, j.next_start, j.schedule_delay, "
+        "SELECT j.schedule, j.fixed_schedule, j.initial_start, j.timezone, j.next_start, j.schedule_delay, j.exclude, "
         "       pgsched._iv_months(j.schedule_interval) AS months, pgsched._iv_days(j.schedule_interval) AS days, "
         "       pgsched._iv_micros(j.schedule_interval) AS micros "
         "  FROM pgsched.jobs j WHERE j.job_id = %s", (job_id,)).fetchone()

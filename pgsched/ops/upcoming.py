@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from pgsched import schedule
+from pgsched import exclusion, schedule, store
+from pgsched.cron import Cron
 from pgsched.schedule import Schedule
 
 
@@ -18,13 +20,31 @@ def parse(expr: str, timezone: str | None) -> Schedule:
     return Schedule(interval=schedule.parse_interval(expr), cron=None, fixed=True, tz=tz)
 
 
-def next_starts(s: Schedule, *, first: datetime, n: int, delay: timedelta = timedelta(0)) -> list[datetime]:
+def next_starts(s: Schedule, *, first: datetime, n: int, delay: timedelta = timedelta(0),
+                window: Cron | None = None) -> list[datetime]:
     """`n` start times from `first` (a start, i.e. a plan + delay). After the first, each is the
     next after a run of the previous plan that took no time: exact for fixed and cron schedules,
-    the earliest possible for a drifting interval (which counts from each run's end)."""
-    out = [first]
+    the earliest possible for a drifting interval (which counts from each run's end). Plans in
+    the exclusion `window` are left out, as the scheduler skips them (pgsched/exclusion.py);
+    fewer than `n` if the window leaves none."""
+    out: list[datetime] = []
     plan = schedule.plan_of(first, delay)
     while len(out) < n:
-        plan = schedule.next_after_success(s, plan_time=plan, finish=plan)
+        if window is not None and exclusion.excluded(window, s.tz, plan):
+            passed = exclusion.next_allowed(s, window, plan_time=plan, finish=plan)
+            if passed.plan is None:
+                break
+            plan = passed.plan
         out.append(schedule.eligible_at(plan, delay))
+        plan = schedule.next_after_success(s, plan_time=plan, finish=plan)
     return out
+
+
+def job_starts(row: dict[str, Any], *, now: datetime, n: int) -> list[datetime]:
+    """A job's next `n` starts from its query.job_schedule row (`pgsched next JOB`, the dashboard's
+    job page): from its stored next start, or its first start after `now` if it has none yet."""
+    s = store.schedule_from_row(row)
+    delay = row["schedule_delay"] or timedelta(0)
+    first = row["next_start"] or schedule.eligible_at(schedule.first_start(s, now), delay)
+    window = exclusion.parse(row["exclude"]) if row.get("exclude") else None
+    return next_starts(s, first=first, n=n, delay=delay, window=window)

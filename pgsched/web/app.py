@@ -25,7 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from pgsched import __version__, schedule, store
+from pgsched import __version__, schedule
 from pgsched.errors import first_line
 from pgsched.ops import dashboard, query, upcoming
 from pgsched.web import charts, words
@@ -184,11 +184,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         j = dashboard.job(c, job_id)
         now = query.db_now(c)
         try:
-            row = query.job_schedule(c, job_id)
-            sch = store.schedule_from_row(row)
-            delay = row["schedule_delay"] or timedelta(0)
-            first = row["next_start"] or schedule.eligible_at(schedule.first_start(sch, now), delay)
-            starts: list[datetime] = upcoming.next_starts(sch, first=first, n=10, delay=delay)
+            starts: list[datetime] = upcoming.job_starts(query.job_schedule(c, job_id), now=now, n=10)
             starts_error = None
         except schedule.ScheduleError as e:
             starts, starts_error = [], str(e)

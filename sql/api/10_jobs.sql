@@ -60,7 +60,15 @@ BEGIN
             || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
-            || 'text, text)']
+            || 'text, text)',
+        -- with priority, before exclude (migration 0009)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text, text, integer)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -106,7 +114,8 @@ SELECT pgsched._define_type('job_settings', $$
     allow_stale_reentry boolean,
     scope_query         text,
     database            text,        -- NULL: the scheduler's own database
-    priority            integer      -- seconds of precedence among due jobs (README "Priority")
+    priority            integer,     -- seconds of precedence among due jobs (README "Priority")
+    exclude             text         -- NULL, or a 5-field cron of minutes not to run in (README "Exclusion windows")
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -209,8 +218,9 @@ CREATE OR REPLACE FUNCTION pgsched._replan(job_id integer, old pgsched.job_setti
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF (new.schedule, new.fixed_schedule, new.initial_start, new.timezone)
-       IS DISTINCT FROM (old.schedule, old.fixed_schedule, old.initial_start, old.timezone) THEN
+    -- A changed exclusion window too: the stored next start may lie past the old window.
+    IF (new.schedule, new.fixed_schedule, new.initial_start, new.timezone, new.exclude)
+       IS DISTINCT FROM (old.schedule, old.fixed_schedule, old.initial_start, old.timezone, old.exclude) THEN
         UPDATE pgsched.job_stat st SET next_start = pgsched._first_next_start(new, iv)
          WHERE st.job_id = _replan.job_id;
     ELSIF new.schedule_delay <> old.schedule_delay THEN
@@ -249,7 +259,11 @@ DECLARE
         || 'removes it)';
     priority_form constant text := 'a whole number from -3600 to 3600 (seconds of precedence among due jobs; '
         || 'default 0)';
+    exclude_form constant text := 'a cron expression of 5 fields (min hour dom month dow) naming the minutes in '
+        || 'which the job does not run, such as ''* 2 * * *'' (02:00-02:59) or ''* * 25 12 *'' (Christmas Day), '
+        || 'in the job''s time zone; or NULL for none (in alter_job: NULL keeps it, '''' removes it)';
     plan_line record;
+    excl record;
 BEGIN
     IF s.fixed_schedule IS NULL THEN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
@@ -314,6 +328,26 @@ BEGIN
         PERFORM pgsched._bad_arg('priority', 'NULL', priority_form, '22004');
     ELSIF s.priority NOT BETWEEN -3600 AND 3600 THEN
         PERFORM pgsched._bad_arg('priority', format('%s is out of range', s.priority), priority_form);
+    END IF;
+    IF s.exclude IS NOT NULL THEN
+        IF s.exclude ~ '^\s*@' OR coalesce(array_length(regexp_split_to_array(btrim(s.exclude), '\s+'), 1), 0) <> 5
+           OR s.exclude !~ '\S' THEN
+            PERFORM pgsched._bad_arg('exclude', format('%L is not a cron expression of 5 fields', s.exclude),
+                                     exclude_form);
+        END IF;
+        BEGIN
+            excl := pgsched._cron_parse(s.exclude);
+        EXCEPTION WHEN invalid_parameter_value THEN
+            -- The parser names the argument 'schedule'; this one is exclude.
+            PERFORM pgsched._bad_arg('exclude', regexp_replace(SQLERRM, '^invalid schedule: ', ''), exclude_form);
+        END;
+        -- The rule of pgsched.exclusion.covers_every_minute: such a job would never run.
+        IF cardinality(excl.minutes) = 60 AND cardinality(excl.hours) = 24 AND cardinality(excl.months) = 12
+           AND ((excl.dom_any AND excl.dow_any) OR cardinality(excl.days) = 31
+                OR cardinality(excl.weekdays) = 7) THEN
+            PERFORM pgsched._bad_arg('exclude', format('%L excludes every minute: the job would never run',
+                                                       s.exclude), exclude_form);
+        END IF;
     END IF;
     IF s.database IS NOT NULL AND check_database THEN
         PERFORM pgsched._check_database(s.database, coalesce(owner, current_user::regrole));
@@ -432,7 +466,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     allow_stale_reentry boolean DEFAULT false,
     scope_query text DEFAULT NULL,
     database text DEFAULT NULL,
-    priority integer DEFAULT 0)
+    priority integer DEFAULT 0,
+    exclude text DEFAULT NULL)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -446,7 +481,7 @@ SET intervalstyle = 'postgres' AS $$
                                    'catch_up_window', catch_up_window, 'max_plans_per_tick', max_plans_per_tick,
                                    'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
                                    'scope_query', scope_query, 'database', database,
-                                   'priority', priority)))
+                                   'priority', priority, 'exclude', exclude)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -472,7 +507,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     allow_stale_reentry boolean DEFAULT false,
     scope_query text DEFAULT NULL,
     database text DEFAULT NULL,
-    priority integer DEFAULT 0)
+    priority integer DEFAULT 0,
+    exclude text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -484,7 +520,7 @@ BEGIN
                            catch_up => catch_up, if_not_exists => if_not_exists, catch_up_window => catch_up_window,
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
                            allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
-                           database => database, priority => priority);
+                           database => database, priority => priority, exclude => exclude);
 END
 $$;
 
@@ -558,6 +594,10 @@ BEGIN
     IF s.database = '' THEN
         s.database := NULL;
     END IF;
+    -- '' removes the exclusion window.
+    IF s.exclude = '' THEN
+        s.exclude := NULL;
+    END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
                                   check_database => given ? 'database', owner => j.owner);
     IF _alter_job.check_config IS NOT NULL THEN
@@ -626,7 +666,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     allow_stale_reentry boolean DEFAULT NULL,
     scope_query text DEFAULT NULL,
     database text DEFAULT NULL,
-    priority integer DEFAULT NULL)
+    priority integer DEFAULT NULL,
+    exclude text DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -641,7 +682,8 @@ SET intervalstyle = 'postgres' AS $$
             'max_runtime', $3, 'max_retries', $4, 'retry_period', $5, 'scheduled', $6, 'config', $7,
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
             'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
-            'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23, 'priority', $24))
+            'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23, 'priority', $24,
+            'exclude', $25))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)

@@ -101,23 +101,24 @@ DECLARE
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
-     WHERE x.outcome IS NULL OR x.outcome NOT IN ('success', 'failure', 'timeout', 'crash', 'cancelled')
+     WHERE x.outcome IS NULL
+        OR x.outcome NOT IN ('success', 'failure', 'timeout', 'crash', 'cancelled', 'skipped')
      LIMIT 1;
     IF FOUND THEN
         PERFORM pgsched._bad_arg('outcome', coalesce(quote_literal(bad), 'NULL'),
-                                 'one of success, failure, timeout, crash, cancelled');
+                                 'one of success, failure, timeout, crash, cancelled, skipped');
     END IF;
     FOR c IN
         WITH e AS (
             SELECT * FROM jsonb_to_recordset(ends) AS x(
                 run_id bigint, outcome text, sqlstate text, message text, next_start timestamptz,
                 finished_at timestamptz, disable_reason text, rows_affected bigint, result jsonb,
-                lease_token bigint, schedule_delay_s float8)
+                lease_token bigint, schedule_delay_s float8, excluded integer)
         ), r AS (
             -- The runs still open to this close, locked in one order (no deadlock between two closes).
             SELECT jr.run_id, jr.job_id, jr.scope, jr.started_at, jr.attempt, jr.plan_time, e.outcome, e.sqlstate,
                    e.message,
-                   e.rows_affected, e.result, e.disable_reason,
+                   e.rows_affected, e.result, e.disable_reason, coalesce(e.excluded, 0) AS excluded,
                    -- One clock stamps a run; never let a finish precede its start.
                    greatest(coalesce(e.finished_at, pg_catalog.clock_timestamp()), jr.started_at) AS fin,
                    CASE WHEN e.next_start IS NOT NULL AND e.schedule_delay_s IS NOT NULL
@@ -150,7 +151,11 @@ BEGIN
                    bool_and(r.scheduled) AS scheduled,
                    count(*) FILTER (WHERE r.outcome = 'success')::integer AS oks,
                    count(*) FILTER (WHERE r.outcome IN ('failure', 'timeout'))::integer AS fails,
-                   count(*) FILTER (WHERE r.outcome <> 'crash')::integer AS not_crashed
+                   count(*) FILTER (WHERE r.outcome <> 'crash')::integer AS not_crashed,
+                   -- 'skipped': a plan the job's exclusion window passed over (pgsched/exclusion.py).
+                   -- The claim counted it as a run; it is not one.
+                   count(*) FILTER (WHERE r.outcome = 'skipped')::integer AS skips,
+                   coalesce(sum(r.excluded) FILTER (WHERE r.outcome = 'skipped'), 0)::integer AS passed_over
               FROM r GROUP BY r.job_id
         ), before AS (
             -- The statement's snapshot: the jobs' state before this close.
@@ -162,21 +167,26 @@ BEGIN
                                 ELSE 'scheduled' END,
                    disabled_reason = coalesce(p.disable_reason, s.disabled_reason),
                    current_run_id = CASE WHEN s.current_run_id = p.plan_run THEN NULL ELSE s.current_run_id END,
-                   last_finish = CASE WHEN NOT counters THEN s.last_finish
+                   last_finish = CASE WHEN NOT counters OR p.plan_outcome = 'skipped' THEN s.last_finish
                                       WHEN p.plan_run IS NOT NULL THEN p.last_fin
                                       ELSE greatest(s.last_finish, p.last_fin) END,
                    last_successful_finish = CASE WHEN NOT counters OR p.last_ok IS NULL THEN s.last_successful_finish
                                                  WHEN p.plan_run IS NOT NULL THEN p.last_ok
                                                  ELSE greatest(s.last_successful_finish, p.last_ok) END,
-                   last_run_success = CASE WHEN counters AND p.plan_run IS NOT NULL
+                   last_run_success = CASE WHEN counters AND p.plan_run IS NOT NULL AND p.plan_outcome <> 'skipped'
                                            THEN p.plan_outcome = 'success' ELSE s.last_run_success END,
-                   last_run_duration = CASE WHEN counters AND p.plan_run IS NOT NULL THEN p.plan_duration
-                                            ELSE s.last_run_duration END,
+                   last_run_duration = CASE WHEN counters AND p.plan_run IS NOT NULL AND p.plan_outcome <> 'skipped'
+                                            THEN p.plan_duration ELSE s.last_run_duration END,
+                   total_runs = s.total_runs - CASE WHEN counters THEN p.skips ELSE 0 END,
+                   total_skipped = s.total_skipped + CASE WHEN counters THEN p.skips + p.passed_over ELSE 0 END,
                    total_successes = s.total_successes + CASE WHEN counters THEN p.oks ELSE 0 END,
                    total_failures = s.total_failures + CASE WHEN counters THEN p.fails ELSE 0 END,
                    total_crashes = s.total_crashes - CASE WHEN counters THEN p.not_crashed ELSE 0 END,
                    consecutive_crashes = CASE WHEN NOT counters OR p.plan_run IS NULL OR p.plan_outcome = 'crash'
-                                              THEN s.consecutive_crashes ELSE 0 END,
+                                                  THEN s.consecutive_crashes
+                                              -- the claim's count of it, taken back: not a run
+                                              WHEN p.plan_outcome = 'skipped' THEN greatest(s.consecutive_crashes - 1, 0)
+                                              ELSE 0 END,
                    consecutive_failures = CASE WHEN NOT counters OR p.plan_run IS NULL THEN s.consecutive_failures
                                                WHEN p.plan_outcome = 'success' THEN 0
                                                WHEN p.plan_outcome IN ('failure', 'timeout')
@@ -202,7 +212,8 @@ BEGIN
         -- test (a NOTIFY per success would serialize commits on the notify queue's lock). The
         -- payload names ids only; whoever LISTENs reads the details through the views, under
         -- row-level security.
-        IF c.outcome <> 'success' THEN
+        -- (A plan its exclusion window skipped is what the job asked for: no event either.)
+        IF c.outcome NOT IN ('success', 'skipped') THEN
             PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('run_end', c.job_id, c.run_id,
                                                                           c.outcome, c.attempt, c.plan_time));
         END IF;

@@ -12,7 +12,7 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.max_runtime, j.max_retries, j.retry_period, j.catch_up,
        s.next_start, j.created_at, j.updated_at,
        j.catch_up_window, j.max_plans_per_tick, j.schedule_delay, j.allow_stale_reentry,
-       j.scope_query, j.database, j.priority
+       j.scope_query, j.database, j.priority, j.exclude
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 

@@ -69,7 +69,8 @@ SELECT pgsched._define_type('_launch_row_v2', $$
     timezone text, max_runtime_s double precision, max_retries integer, retry_period_s double precision,
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
-    db_now timestamptz, scheduled boolean, job_state text, database text, priority integer$$);
+    db_now timestamptz, scheduled boolean, job_state text, database text, priority integer,
+    exclude text$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
@@ -91,7 +92,7 @@ SELECT j.job_id, j.job_name, j.kind,
        extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
        j.scheduled,
        -- appended (release 0.1.0's view is replaced in place): the job's database, NULL for ours
-       j.database, j.priority
+       j.database, j.priority, j.exclude
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -208,7 +209,7 @@ BEGIN
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
              ORDER BY s2.next_start LIMIT 1),
-           clock_timestamp(), v.scheduled, st.state, v.database, v.priority
+           clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -490,7 +491,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority
+           NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pgsched import exclusion
 from pgsched.ops import health, upcoming
 from pgsched.ops.query import parse_duration
 from pgsched.requests import parse_request, plan_time_of
@@ -52,6 +53,20 @@ def test_next_starts_fixed_drifting_cron_and_delay() -> None:
     for bad, tz in (("* * *", None), ("every day", None), ("15 minutes", "Mars/Olympus")):
         with pytest.raises(ScheduleError):
             upcoming.parse(bad, tz)
+
+
+def test_next_starts_leave_out_the_exclusion_window() -> None:
+    s = upcoming.parse("30 minutes", "Europe/Berlin")
+    night = exclusion.parse("* 2-3 * * *")
+    first = datetime(2026, 6, 1, 23, 0, 10, tzinfo=UTC)  # the plan of 01:00 CEST, plus its delay
+    got = upcoming.next_starts(s, first=first, n=4, window=night, delay=timedelta(seconds=10))
+    # 01:00 and 01:30 local, then 02:00-03:59 left out, 04:00 and 04:30 (each plus the delay).
+    assert [t.isoformat() for t in got] == ["2026-06-01T23:00:10+00:00", "2026-06-01T23:30:10+00:00",
+                                            "2026-06-02T02:00:10+00:00", "2026-06-02T02:30:10+00:00"]
+    # A stored first start inside the window (written before the window was there): the next outside it.
+    inside = upcoming.next_starts(s, first=datetime(2026, 6, 2, 0, 30, 10, tzinfo=UTC), n=1, window=night,
+                                  delay=timedelta(seconds=10))
+    assert inside == [datetime(2026, 6, 2, 2, 0, 10, tzinfo=UTC)]
 
 
 def test_durations() -> None:

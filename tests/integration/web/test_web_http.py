@@ -208,6 +208,16 @@ def test_a_jobs_page_shows_its_settings_next_starts_and_history(webdb: WebDb, wa
     assert page.count('class="run ') - page.count('<tr class="run ') == 4  # and four bars on its timeline
 
 
+def test_a_jobs_next_starts_leave_out_its_exclusion_window(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
+    j = schedule_as(webdb, webdb.odb.alice, "mornings off", every="1 hour")
+    wadmin.execute("SELECT pgsched.alter_job(%s, exclude => '* 0-11 * * *')", (j,))  # the job's zone: UTC
+    sign_in(client, webdb.odb.alice)
+    page = client.get(f"/jobs/{j}").text
+    assert "<code>* 0-11 * * *</code>" in page
+    starts = re.findall(r"<li>\d{4}-\d\d-\d\d (\d\d):\d\d:\d\d</li>", page)
+    assert len(starts) == 10 and all(int(h) >= 12 for h in starts), starts
+
+
 def test_the_timeline_draws_one_bar_per_run(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
     a = schedule_as(webdb, webdb.odb.alice, "tl-a")
     b = schedule_as(webdb, webdb.odb.alice, "tl-b")
