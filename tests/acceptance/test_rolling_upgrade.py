@@ -268,6 +268,10 @@ def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: S
     assert not any(errors.values()), errors
     assert all(s.proc.poll() is None for s in instances)
     # (A run in progress counts as a crash until it ends: read the closed runs' outcomes.)
+    # A round held up by an init may start a run late enough that the slot after it is skipped
+    # (recorded as such); nothing may fail or crash.
     outcomes = query(db, "SELECT outcome, count(*) AS n FROM pgsched.job_run WHERE outcome <> 'running' GROUP BY 1")
-    assert {r["outcome"] for r in outcomes} == {"success"}, outcomes
+    assert {r["outcome"] for r in outcomes} <= {"success", "skipped"}, outcomes
+    assert all("was still in progress" in r["message"] for r in query(
+        db, "SELECT message FROM pgsched.job_run WHERE outcome = 'skipped'")), outcomes
     assert sum(stats(db, j)["total_successes"] for j in jobs) > 100

@@ -114,5 +114,5 @@ def test_a_bad_outcome_in_a_batch_is_refused_naming_it_and_nothing_is_written(ap
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"^invalid outcome: 'exploded'") as e:
         api.execute("SELECT * FROM pgsched._end_runs(%s)",
                     (json.dumps([{**end(run, CASES[0], 0), "outcome": "exploded"}]),))
-    assert e.value.diag.message_hint == "outcome must be one of success, failure, timeout, crash, cancelled"
+    assert e.value.diag.message_hint == "outcome must be one of success, failure, timeout, crash, cancelled, skipped"
     assert (rows(api, "SELECT * FROM pgsched.job_run ORDER BY run_id"), stat(api, a)) == before

@@ -30,6 +30,23 @@ def events(w: Worker, want: type[protocol.Event], timeout: float = 10.0) -> list
     raise AssertionError(f"no '{want}' from the worker within {timeout}s: {seen}")
 
 
+def insert_run(role: str) -> dict[str, Any]:
+    """A run of a command job inserting one row into `ran`, as the scheduler sends it."""
+    return {"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
+            "config": None, "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
+            "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0}
+
+
+def ran_on_a_new_session(w: Worker, conn: Conn, old_backend: int | None) -> None:
+    """The worker reconnected (a new backend) and ran insert_run's run successfully, once."""
+    seen = events(w, protocol.Done)
+    backend = [e for e in seen if isinstance(e, protocol.Backend)]
+    assert backend and backend[0].backend_pid != old_backend, seen
+    done = next(e for e in seen if isinstance(e, protocol.Done))
+    assert done.ok is True, done
+    assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+
+
 def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: str, conn: Conn) -> None:
     """A server restart closes an idle worker's session just as the scheduler gives it a run:
     nothing of the run has happened, so the worker reconnects and runs it (no crash)."""
@@ -41,17 +58,10 @@ def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: st
         old_backend, role = ready.backend_pid, str(ready.role)
         os.kill(w.pid, signal.SIGSTOP)  # so that the lost session and the run arrive together
         conn.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
-        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
-                "config": None, "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
-                "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
+        w.send(insert_run(role))
         time.sleep(0.2)
         os.kill(w.pid, signal.SIGCONT)
-        seen = events(w, protocol.Done)
-        backend = [e for e in seen if isinstance(e, protocol.Backend)]
-        assert backend and backend[0].backend_pid != old_backend, seen
-        done = next(e for e in seen if isinstance(e, protocol.Done))
-        assert done.ok is True, done
-        assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+        ran_on_a_new_session(w, conn, old_backend)
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
@@ -72,15 +82,8 @@ def test_a_worker_whose_idle_session_dies_says_so_and_still_runs_what_was_sent_b
         assert [type(e) for e in events(w, protocol.Lost)] == [protocol.Lost]
         time.sleep(0.2)
         assert w.proc.poll() is None, "the worker exited with a run possibly on its way"
-        w.send({"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
-                "config": None, "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
-                "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
-        seen = events(w, protocol.Done)
-        backend = [e for e in seen if isinstance(e, protocol.Backend)]
-        assert backend and backend[0].backend_pid != old_backend, seen
-        done = next(e for e in seen if isinstance(e, protocol.Done))
-        assert done.ok is True, done
-        assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+        w.send(insert_run(role))
+        ran_on_a_new_session(w, conn, old_backend)
     finally:
         w.close_stdin()
     assert launcher.reap(w, timeout=5) == 0
