@@ -108,9 +108,12 @@ def scraped(http: bool) -> Iterator[list[str]]:
             raise RuntimeError("--http: /metrics was never scraped")
 
 
-# --priorities: lag and throughput with half the jobs (the even ids) at priority 10, the
-# workflow setting used rather than left at its default (issue 14: the claim must stay as fast).
+# --priorities: lag and throughput with half the jobs (the even ids) at priority 10; --exclude: half
+# of them (the odd ids) with an exclusion window of next month, checked for every run and never
+# matching. The workflow settings used rather than left at their defaults (issue 14: the claim
+# must stay as fast).
 PRIORITIES = False
+EXCLUDE = False
 
 
 def prioritise_half(dsn: str, priority: int = 10) -> None:
@@ -118,12 +121,21 @@ def prioritise_half(dsn: str, priority: int = 10) -> None:
         conn.execute("UPDATE pgsched.job SET priority = %s WHERE job_id %% 2 = 0", (priority,))
 
 
+def use_workflow_settings(dsn: str) -> None:
+    """What --priorities and --exclude ask for."""
+    if PRIORITIES:
+        prioritise_half(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if EXCLUDE:
+            conn.execute("UPDATE pgsched.job SET exclude = format('* * * %%s *', "
+                         "extract(month FROM now())::int %% 12 + 1) WHERE job_id %% 2 = %s", (1,))
+
+
 def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     """1,000 jobs every 10 s, their starts spread evenly over the 10 s (one due every 10 ms)."""
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "10 seconds", fixed=True, delay_s=3, stagger_ms=10)
-        if PRIORITIES:
-            prioritise_half(dsn)
+        use_workflow_settings(dsn)
         with scraped(http) as http_args, serve(dsn, "--max-workers", "8", *http_args):
             time.sleep(seconds)
         with psycopg.connect(dsn) as conn:
@@ -137,7 +149,8 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
                                  "WHERE outcome = 'success'").fetchall()
     lags = [float(r[0]) for r in rows]
     claims = [float(r[0]) for r in claim]
-    return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "runs": len(lags),
+    return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE,
+            "runs": len(lags),
             "p50_ms": round(pct(lags, 50), 2),
             "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
             "claim_p50_ms": round(pct(claims, 50), 2), "claim_p99_ms": round(pct(claims, 99), 2),
@@ -261,8 +274,7 @@ def pgbench_tps(c: Cluster, clients: int, seconds: int) -> float:
 def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> dict[str, Any]:
     with cluster() as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
-        if PRIORITIES:
-            prioritise_half(dsn)
+        use_workflow_settings(dsn)
         with scraped(http) as http_args, serve(dsn, "--max-workers", str(workers), *http_args) as (proc, log):
             wait_for_log(log, "ready:", 30)
             time.sleep(2)
@@ -276,7 +288,8 @@ def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> d
         stats = final_stats(log)
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
-    return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "runs_per_s": round(rate, 1),
+    return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE,
+            "runs_per_s": round(rate, 1),
             "pgbench_runs_per_s_same_sql": round(bench, 1),
             # The scheduler process's own CPU per run (its workers not included): less noisy than runs/s
             # on a shared machine, and where the cost of --http would show.
@@ -433,9 +446,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="with --http both: how many off/on pairs")
     ap.add_argument("--priorities", action="store_true",
                     help="lag and throughput: half the jobs at priority 10 (the setting used, not left at 0)")
+    ap.add_argument("--exclude", action="store_true",
+                    help="lag and throughput: half the jobs with an exclusion window (of next month: never "
+                         "matching, checked for every run)")
     args = ap.parse_args()
-    global PRIORITIES
-    PRIORITIES = args.priorities
+    global PRIORITIES, EXCLUDE
+    PRIORITIES, EXCLUDE = args.priorities, args.exclude
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":

@@ -42,6 +42,12 @@ def _cron(expr: str) -> schedule.Cron:
     return schedule.parse_cron(expr)
 
 
+@lru_cache(maxsize=4096)
+def _window(expr: str) -> schedule.Cron:
+    """A job's exclusion window, parsed once per text (every claimed run of the job carries it)."""
+    return exclusion.parse(expr)
+
+
 def schedule_from_row(row: dict[str, Any]) -> Schedule:
     """A Schedule from catalog columns; ScheduleError if the row is not a valid schedule."""
     tz = schedule.zone(row["timezone"])
@@ -468,7 +474,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
         max_runtime=s.max_runtime, max_retries=s.max_retries, retry_period=s.retry_period,
         catch_up=Policy(s.catch_up, s.catch_up_window, s.max_plans_per_tick), schedule_delay=s.schedule_delay,
         allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query, database=s.database,
-        exclude=exclusion.parse(s.exclude) if s.exclude else None,
+        exclude=_window(s.exclude) if s.exclude else None,
     )
 
 
