@@ -149,6 +149,15 @@ class Scheduler(Requests):
     def _refresh_plan(self) -> None:
         assert self.store is not None
         self.dirty = False
+        if self._catch_up_due and not any(w.idle for w in self.workers.values()):
+            # The catch-up after a start or a reconnect waits for an idle worker and then runs in
+            # the round that claims: a decision taken while the workers were still connecting
+            # would be stale by the time a run could start (with a 2 s schedule, 'latest' would
+            # run the plan before the latest). Until then nothing can be claimed anyway; the
+            # round a worker's report wakes looks again (no query).
+            self.dirty = True
+            self._safety_at = time.monotonic() + self.settings.safety_interval
+            return
         if self._catch_up_due or time.monotonic() >= self._safety_at:
             self._catch_up_due = False
             self._catch_up()
