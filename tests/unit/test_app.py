@@ -34,6 +34,17 @@ def test_a_declared_job_is_registered_with_its_settings() -> None:
     assert row["code_module"] == __name__ and row["config"] == {"k": 1} and row["retry_period"] == "00:05:00"
 
 
+def test_exclude_is_carried_to_the_catalog_row() -> None:
+    @pgsched.job(every="5 minutes", name="nights off", exclude=" * 2  * * * ")
+    def a(run: pgsched.Run) -> None: ...
+
+    @pgsched.job(every="5 minutes", name="always")
+    def b(run: pgsched.Run) -> None: ...
+
+    assert app.REGISTRY["nights off"].catalog_row()["exclude"] == "* 2 * * *"
+    assert app.REGISTRY["always"].catalog_row()["exclude"] is None
+
+
 def test_every_accepts_text_and_timedelta_and_a_name() -> None:
     @pgsched.job(every=timedelta(minutes=10), name="ten")
     def a(run: pgsched.Run) -> None: ...
@@ -104,6 +115,11 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "priority": 1.5}, "priority must be a whole number"),
     ({"every": "1 minute", "priority": True}, "priority must be a whole number"),
     ({"every": "1 minute", "priority": None}, "priority must be a whole number"),
+    ({"every": "1 minute", "exclude": "* 2 * *"}, "invalid exclude: '\\* 2 \\* \\*' is not a cron expression of 5"),
+    ({"every": "1 minute", "exclude": "@daily"}, "invalid exclude"),
+    ({"every": "1 minute", "exclude": "* * * * *"}, "excludes every minute"),
+    ({"every": "1 minute", "exclude": "0 0 31 2 *"}, "invalid exclude: .*can never fire"),
+    ({"every": "1 minute", "exclude": 2}, "exclude must be a cron expression of 5 fields"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
