@@ -157,7 +157,8 @@ class Dispatch(LoopState):
         """A claimed plan in a minute of its job's exclusion window: closed as skipped, not run (its
         worker stays idle), and the job planned past the window."""
         job = run.job
-        end = end_of_run(job, outcome=Outcome.SKIPPED, plan_time=run.plan_time, finish=self.clock.now(),
+        now = self.clock.now()
+        end = end_of_run(job, outcome=Outcome.SKIPPED, plan_time=run.plan_time, finish=now,
                          consecutive_failures=run.consecutive_failures,
                          consecutive_crashes=run.consecutive_crashes, message=None, rng=self.rng)
         message = f"plan in an excluded minute (exclude '{job.exclude}')"
@@ -170,7 +171,7 @@ class Dispatch(LoopState):
         log.info("run skipped job=%s run=%s plan=%s: %s", job.job_id, run.run_id, run.plan_time.isoformat(), message)
         self.pending.append(Finish(
             run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
-            finished_at=self.clock.now(), disable_reason=end.disable_reason, excluded=count,
+            finished_at=now, disable_reason=end.disable_reason, excluded=count,
             lease_token=run.lease_token, schedule_delay=job.schedule_delay.total_seconds()))
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start

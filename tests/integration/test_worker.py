@@ -30,6 +30,15 @@ def events(w: Worker, want: type[protocol.Event], timeout: float = 10.0) -> list
     raise AssertionError(f"no '{want}' from the worker within {timeout}s: {seen}")
 
 
+def connected_worker(db: str, conn: Conn) -> tuple[Worker, int | None, str]:
+    """A worker that has reported Ready, its backend pid and role; the table `ran` for insert_run."""
+    conn.execute("CREATE TABLE ran (x int)")
+    w = launcher.launch(db)
+    ready = events(w, protocol.Ready)[-1]
+    assert isinstance(ready, protocol.Ready)
+    return w, ready.backend_pid, str(ready.role)
+
+
 def insert_run(role: str) -> dict[str, Any]:
     """A run of a command job inserting one row into `ran`, as the scheduler sends it."""
     return {"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
@@ -50,12 +59,8 @@ def ran_on_a_new_session(w: Worker, conn: Conn, old_backend: int | None) -> None
 def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: str, conn: Conn) -> None:
     """A server restart closes an idle worker's session just as the scheduler gives it a run:
     nothing of the run has happened, so the worker reconnects and runs it (no crash)."""
-    conn.execute("CREATE TABLE ran (x int)")
-    w = launcher.launch(db)
+    w, old_backend, role = connected_worker(db, conn)
     try:
-        ready = events(w, protocol.Ready)[-1]
-        assert isinstance(ready, protocol.Ready)
-        old_backend, role = ready.backend_pid, str(ready.role)
         os.kill(w.pid, signal.SIGSTOP)  # so that the lost session and the run arrive together
         conn.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
         w.send(insert_run(role))
@@ -72,12 +77,8 @@ def test_a_worker_whose_idle_session_dies_says_so_and_still_runs_what_was_sent_b
     """After a server restart the scheduler may reconnect and hand out runs before it has read that
     its workers lost their sessions. The worker reports Lost at once but goes on reading until its
     stdin closes, so such a run runs on a new session instead of crashing with the worker."""
-    conn.execute("CREATE TABLE ran (x int)")
-    w = launcher.launch(db)
+    w, old_backend, role = connected_worker(db, conn)
     try:
-        ready = events(w, protocol.Ready)[-1]
-        assert isinstance(ready, protocol.Ready)
-        old_backend, role = ready.backend_pid, str(ready.role)
         conn.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
         assert [type(e) for e in events(w, protocol.Lost)] == [protocol.Lost]
         time.sleep(0.2)
