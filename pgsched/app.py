@@ -29,6 +29,8 @@ MAX_RESULT_BYTES = 8192
 # schedule_delay's bounds, as add_job checks them (sql/api/10_jobs.sql).
 NO_DELAY = timedelta(0)
 MAX_SCHEDULE_DELAY = timedelta(days=365)
+# jitter's bounds, as add_job checks them (sql/api/10_jobs.sql).
+MAX_JITTER = timedelta(days=1)
 _MAX_INT4 = 2**31 - 1
 # scope_query's length limit, as add_job checks it (sql/api/10_jobs.sql); the deploy plans the query.
 MAX_SCOPE_QUERY = 10_000
@@ -110,6 +112,7 @@ class JobSpec:
     database: str | None = None
     priority: int = 0
     exclude: str | None = None
+    jitter: str = "00:00:00"
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -121,7 +124,7 @@ class JobSpec:
             "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
             "scope_query": self.scope_query, "database": self.database, "priority": self.priority,
-            "exclude": self.exclude,
+            "exclude": self.exclude, "jitter": self.jitter,
         }
 
 
@@ -163,12 +166,11 @@ def _duration(value: str | timedelta | None, what: str, fn: str, *, allow_none: 
     return str(iv)
 
 
-def _delay(value: str | timedelta, fn: str) -> schedule.Interval:
-    """schedule_delay: a fixed duration from 0 up to MAX_SCHEDULE_DELAY (no months: their length varies)."""
-    form = "a duration from 0 up to 365 days such as '90 seconds' or '2 hours' (no months or years)"
-    iv = _interval(value, "schedule_delay", fn, form)
-    if iv.months or iv.days < 0 or iv.micros < 0 or iv.approx_timedelta() > MAX_SCHEDULE_DELAY:
-        raise JobDeclarationError(f"{fn}: schedule_delay must be {form}, not {value!r}")
+def _fixed_duration(value: str | timedelta, what: str, fn: str, most: timedelta, form: str) -> schedule.Interval:
+    """schedule_delay and jitter: a fixed duration from 0 up to `most` (no months: their length varies)."""
+    iv = _interval(value, what, fn, form)
+    if iv.months or iv.days < 0 or iv.micros < 0 or iv.approx_timedelta() > most:
+        raise JobDeclarationError(f"{fn}: {what} must be {form}, not {value!r}")
     return iv
 
 
@@ -211,6 +213,7 @@ def job(
     database: str | None = None,
     priority: int = 0,
     exclude: str | None = None,
+    jitter: str | timedelta = NO_DELAY,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
@@ -221,6 +224,7 @@ def job(
     With `database=` the run's session opens in that database of the same server.
     `priority=` (seconds of precedence among due jobs) orders the claim when workers are short.
     `exclude=` (a 5-field cron expression) names minutes in which a planned start is skipped.
+    `jitter=` delays each planned start by a pseudo-random amount below it, the same on every instance.
     """
 
     def declare(func: F) -> F:
@@ -251,7 +255,11 @@ def job(
                 f"{fn}: max_plans_per_tick must be a whole number from 1 to {_MAX_INT4}, not {max_plans_per_tick!r}")
         if not isinstance(allow_stale_reentry, bool):
             raise JobDeclarationError(f"{fn}: allow_stale_reentry must be True or False, not {allow_stale_reentry!r}")
-        delay = _delay(schedule_delay, fn)
+        delay = _fixed_duration(schedule_delay, "schedule_delay", fn, MAX_SCHEDULE_DELAY,
+                                "a duration from 0 up to 365 days such as '90 seconds' or '2 hours' "
+                                "(no months or years)")
+        spread = _fixed_duration(jitter, "jitter", fn, MAX_JITTER,
+                                 "a duration from 0 up to 1 day such as '30 seconds' (no months or years)")
         if scope_query is not None and (not isinstance(scope_query, str) or not scope_query.strip()
                                         or len(scope_query) > MAX_SCOPE_QUERY):
             shown = scope_query[:80] if isinstance(scope_query, str) else scope_query
@@ -296,7 +304,7 @@ def job(
             catch_up=catch_up, config=config, scheduled=scheduled,
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
             allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
-            priority=priority, exclude=" ".join(exclude.split()) if exclude else None,
+            priority=priority, exclude=" ".join(exclude.split()) if exclude else None, jitter=str(spread),
         )
         return func
 

@@ -45,6 +45,7 @@ class JobSettings:
     database: str | None = None  # the database its runs' sessions open in; None: the scheduler's own
     priority: int = 0  # seconds of precedence among due jobs (the claim's order; README "Priority")
     exclude: str | None = None  # minutes not to run in, a 5-field cron (pgsched/exclusion.py)
+    jitter: timedelta = timedelta(0)  # each planned start is delayed by up to this (README "Jitter")
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:

@@ -180,7 +180,9 @@ class Scheduler(Requests):
         for b in self.store.behind(timedelta(seconds=CATCH_UP_LATE)):
             if b.schedule is None or b.schedule.restart:
                 continue
-            now = self.clock.now()
+            # Lateness counts from when the plan became due, its jitter included: a plan of a
+            # catch_up = 'none' job that waited for its jitter is not late for that.
+            now = self.clock.now() - b.jitter
             try:
                 d = catchup.decide(b.schedule, b.policy, plan=schedule.plan_of(b.next_start, b.schedule_delay),
                                    horizon=schedule.plan_of(now, b.schedule_delay))

@@ -159,6 +159,7 @@ class Behind:
     schedule: Schedule | None
     policy: Policy
     schedule_delay: timedelta
+    jitter: timedelta = timedelta(0)  # the delay of the plan at next_start (README "Jitter")
 
 
 class Store:
@@ -387,7 +388,8 @@ class Store:
             except (schedule.ScheduleError, ValueError, OverflowError):
                 sched = None  # the claim disables the job with the reason
             out.append(Behind(row["job_id"], row["next_start"], sched, _policy(row),
-                              timedelta(seconds=row["schedule_delay_s"] or 0)))
+                              timedelta(seconds=row["schedule_delay_s"] or 0),
+                              timedelta(seconds=row["jitter_s"] or 0)))
         return out
 
     def catch_up(self, changes: Sequence[tuple[Behind, Decision]]) -> int:

@@ -68,7 +68,15 @@ BEGIN
             || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
-            || 'text, text, integer)']
+            || 'text, text, integer)',
+        -- with exclude, before jitter (migration 0010)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text, text, integer, text)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -115,7 +123,8 @@ SELECT pgsched._define_type('job_settings', $$
     scope_query         text,
     database            text,        -- NULL: the scheduler's own database
     priority            integer,     -- seconds of precedence among due jobs (README "Priority")
-    exclude             text         -- NULL, or a 5-field cron of minutes not to run in (README "Exclusion windows")
+    exclude             text,        -- NULL, or a 5-field cron of minutes not to run in (README "Exclusion windows")
+    jitter              interval     -- each planned start is delayed by a pseudo-random part of it (README "Jitter")
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -125,7 +134,7 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_catalog.jsonb_populate_record(NULL::pgsched.job_settings, pg_catalog.jsonb_build_object(
         'fixed_schedule', true, 'scheduled', true, 'max_retries', -1, 'retry_period', '5 minutes',
         'catch_up', 'latest', 'max_plans_per_tick', 100, 'schedule_delay', '0', 'allow_stale_reentry', false,
-        'priority', 0))
+        'priority', 0, 'jitter', '0'))
 $$;
 
 -- `base` with the settings named in `changes` (a jsonb object: setting => value, JSON null for
@@ -263,6 +272,8 @@ DECLARE
         || 'which the job does not run, such as ''* 2 * * *'' (02:00-02:59) or ''* * 25 12 *'' (Christmas Day), '
         || 'in the job''s time zone; or NULL for none (in alter_job: NULL keeps it, '''' removes it)';
     plan_line record;
+    jitter_form constant text := 'a duration from 0 up to 1 day such as ''30 seconds'' (each planned start is '
+        || 'delayed by a pseudo-random amount below it, the same on every instance; default 0: none)';
     excl record;
 BEGIN
     IF s.fixed_schedule IS NULL THEN
@@ -323,6 +334,16 @@ BEGIN
     IF length(s.job_name) > 500 THEN
         PERFORM pgsched._bad_arg('job_name', format('%s characters long', length(s.job_name)),
                                  'a name of at most 500 characters');
+    END IF;
+    IF s.jitter IS NULL THEN
+        PERFORM pgsched._bad_arg('jitter', 'NULL', jitter_form, '22004');
+    ELSIF s.jitter < interval '0' THEN
+        PERFORM pgsched._bad_arg('jitter', format('%s is negative', s.jitter), jitter_form);
+    ELSIF (pgsched._interval_parts(s.jitter)).months <> 0 THEN
+        PERFORM pgsched._bad_arg('jitter', format('%s has months or years, whose length varies', s.jitter),
+                                 jitter_form);
+    ELSIF s.jitter > interval '1 day' THEN
+        PERFORM pgsched._bad_arg('jitter', format('%s is longer than 1 day', s.jitter), jitter_form);
     END IF;
     IF s.priority IS NULL THEN
         PERFORM pgsched._bad_arg('priority', 'NULL', priority_form, '22004');
@@ -467,7 +488,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     scope_query text DEFAULT NULL,
     database text DEFAULT NULL,
     priority integer DEFAULT 0,
-    exclude text DEFAULT NULL)
+    exclude text DEFAULT NULL,
+    jitter interval DEFAULT interval '0')
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -481,7 +503,7 @@ SET intervalstyle = 'postgres' AS $$
                                    'catch_up_window', catch_up_window, 'max_plans_per_tick', max_plans_per_tick,
                                    'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
                                    'scope_query', scope_query, 'database', database,
-                                   'priority', priority, 'exclude', exclude)))
+                                   'priority', priority, 'exclude', exclude, 'jitter', jitter)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -508,7 +530,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     scope_query text DEFAULT NULL,
     database text DEFAULT NULL,
     priority integer DEFAULT 0,
-    exclude text DEFAULT NULL)
+    exclude text DEFAULT NULL,
+    jitter interval DEFAULT interval '0')
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -520,7 +543,7 @@ BEGIN
                            catch_up => catch_up, if_not_exists => if_not_exists, catch_up_window => catch_up_window,
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
                            allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
-                           database => database, priority => priority, exclude => exclude);
+                           database => database, priority => priority, exclude => exclude, jitter => jitter);
 END
 $$;
 
@@ -667,7 +690,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     scope_query text DEFAULT NULL,
     database text DEFAULT NULL,
     priority integer DEFAULT NULL,
-    exclude text DEFAULT NULL)
+    exclude text DEFAULT NULL,
+    jitter interval DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -683,7 +707,7 @@ SET intervalstyle = 'postgres' AS $$
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
             'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
             'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23, 'priority', $24,
-            'exclude', $25))
+            'exclude', $25, 'jitter', $26))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)

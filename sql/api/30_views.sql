@@ -12,7 +12,7 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.max_runtime, j.max_retries, j.retry_period, j.catch_up,
        s.next_start, j.created_at, j.updated_at,
        j.catch_up_window, j.max_plans_per_tick, j.schedule_delay, j.allow_stale_reentry,
-       j.scope_query, j.database, j.priority, j.exclude
+       j.scope_query, j.database, j.priority, j.exclude, j.jitter
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 
@@ -26,7 +26,9 @@ SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
        s.consecutive_failures, s.consecutive_crashes,
        s.current_run_id, s.disabled_reason,
        -- appended, not beside total_skipped: a view's existing columns cannot move on upgrade
-       s.total_missed
+       s.total_missed,
+       -- when the next run may start: next_start with the jitter of its plan (migration 0010)
+       pg_catalog.timezone('UTC', pgsched._due_at(s.job_id, s.next_start, s.jitter_us)) AS next_due
   FROM pgsched.job_stat s
   JOIN pgsched.job j USING (job_id);
 
@@ -35,7 +37,8 @@ SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigge
        r.started_at, r.finished_at, r.finished_at - r.started_at AS duration,
        r.outcome, r.outcome = 'success' AS succeeded,
        r.sqlstate, r.message, r.worker_pid, r.backend_pid, r.instance_id,
-       r.rows_affected, r.result
+       r.rows_affected, r.result,
+       r.jitter  -- what the start was delayed by (NULL: the job has no jitter)
   FROM pgsched.job_run r
   JOIN pgsched.job j USING (job_id);
 

@@ -70,7 +70,7 @@ SELECT pgsched._define_type('_launch_row_v2', $$
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
     db_now timestamptz, scheduled boolean, job_state text, database text, priority integer,
-    exclude text$$);
+    exclude text, jitter_s double precision$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
@@ -92,7 +92,7 @@ SELECT j.job_id, j.job_name, j.kind,
        extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
        j.scheduled,
        -- appended (release 0.1.0's view is replaced in place): the job's database, NULL for ours
-       j.database, j.priority, j.exclude
+       j.database, j.priority, j.exclude, extract(epoch FROM j.jitter)::float8 AS jitter_s
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -104,7 +104,8 @@ SELECT j.job_id, j.job_name, j.kind,
 
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first, a job's priority counted as that many seconds more overdue: migration
--- 0008 and its index), then, with the workers left, queued runs of scoped jobs.
+-- 0008; a job is due at next_start plus its plan's jitter: 0010, whose index gives this order),
+-- then, with the workers left, queued runs of scoped jobs.
 -- Each gets a 'running' job_run row carrying the worker that will run it and a lease
 -- token, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED and the
 -- state check let several schedulers claim at once without waiting on or
@@ -130,17 +131,21 @@ BEGIN
         SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
                -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
                pgsched._delayed(s.next_start, -s.schedule_delay) AS plan_time,
-               row_number() OVER (ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id) AS n
+               pgsched._jitter_us(s.job_id, s.next_start, s.jitter_us) AS jitter_us,
+               row_number() OVER (ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority),
+                                           s.job_id) AS n
           FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
-                 WHERE s.state = 'scheduled' AND s.next_start <= _claim_v2.now + ahead
+                 WHERE s.state = 'scheduled'
+                   AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
+                       <= pg_catalog.timezone('UTC', _claim_v2.now + ahead)
                    -- Implied by the line above (priorities are within +-3600 s): a bound on the
                    -- index's key, so that the index in claim order is the one read, whatever the
-                   -- estimate of how many are due (else: the next_start index, then a sort of all).
-                   AND pgsched._claim_key(s.next_start, s.priority)
+                   -- estimate of how many are due (else: the due index, then a sort of all).
+                   AND pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority)
                        <= pg_catalog.timezone('UTC', _claim_v2.now + ahead) + interval '3600 seconds'
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
-                 ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id
+                 ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority), s.job_id
                  LIMIT cardinality(worker_pids)
                    FOR UPDATE OF s SKIP LOCKED) s
     ), queued AS (
@@ -154,11 +159,13 @@ BEGIN
                    FOR UPDATE OF q SKIP LOCKED) q
     ), runs AS (
         INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
-                                          instance_id, lease_token, heartbeat_at)
+                                          instance_id, lease_token, heartbeat_at, jitter)
         SELECT d.job_id, d.plan_time,
                CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
-               greatest(_claim_v2.now, d.next_start), worker_pids[d.n], backend_pids[d.n], instance_id,
-               nextval('pgsched.lease_token_seq'), _claim_v2.now
+               greatest(_claim_v2.now, d.next_start + d.jitter_us * interval '1 microsecond'),
+               worker_pids[d.n], backend_pids[d.n], instance_id,
+               nextval('pgsched.lease_token_seq'), _claim_v2.now,
+               CASE WHEN d.jitter_us > 0 THEN d.jitter_us * interval '1 microsecond' END
           FROM due d
          ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
@@ -204,12 +211,13 @@ BEGIN
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index).
-           (SELECT s2.next_start FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
+           (SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
+              FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
              WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
-             ORDER BY s2.next_start LIMIT 1),
-           clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude
+             ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
+           clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -276,10 +284,11 @@ RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
 LANGUAGE sql STABLE ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
     -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
-    SELECT least((SELECT s.next_start FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
+    SELECT least((SELECT pg_catalog.timezone('UTC', pgsched._due_at(s.job_id, s.next_start, s.jitter_us))
+                    FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                    WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
                      AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
-                   ORDER BY s.next_start LIMIT 1),
+                   ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us) LIMIT 1),
                  -- Claimable queued scope runs are due now.
                  (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
                    WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules) LIMIT 1)),
@@ -491,7 +500,8 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude
+           NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
+           v.jitter_s
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 
@@ -501,16 +511,19 @@ CREATE OR REPLACE FUNCTION pgsched._behind(late interval, max_rows integer, now 
 RETURNS TABLE (job_id integer, next_start timestamptz, schedule text, months integer, days integer,
                micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text, catch_up text,
                catch_up_window_s double precision, max_plans_per_tick integer, schedule_delay_s double precision,
-               db_now timestamptz)
+               db_now timestamptz, jitter_s double precision)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT s.job_id, s.next_start, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
-           v.timezone, v.catch_up, v.catch_up_window_s, v.max_plans_per_tick, v.schedule_delay_s, clock_timestamp()
+           v.timezone, v.catch_up, v.catch_up_window_s, v.max_plans_per_tick, v.schedule_delay_s, clock_timestamp(),
+           -- the delay of the plan at next_start (appended: release 0.1.0's instances read this too)
+           pgsched._jitter_us(s.job_id, s.next_start, s.jitter_us) / 1e6::float8
       FROM pgsched.job_stat s
       JOIN pgsched._job_launch v ON v.job_id = s.job_id
-     WHERE s.state = 'scheduled' AND s.next_start < _behind.now - late AND pg_catalog.isfinite(s.next_start)
+     WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
+       AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us) < pg_catalog.timezone('UTC', _behind.now - late)
        AND v.schedule <> '@restart'  -- its one plan is the server's start, however late
-     ORDER BY s.next_start
+     ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
      LIMIT max_rows
 $$;
 

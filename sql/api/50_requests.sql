@@ -90,7 +90,8 @@ BEGIN
            v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
-           NULL::timestamptz, pg_catalog.clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude
+           NULL::timestamptz, pg_catalog.clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
+           v.jitter_s
       FROM pgsched.job_run r
       JOIN pgsched._job_launch v ON v.job_id = r.job_id
       JOIN pgsched.job_stat s ON s.job_id = r.job_id

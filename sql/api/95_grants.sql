@@ -37,8 +37,9 @@ DECLARE
         '_check_state_change',
         -- the state table, evaluated with the rights of whoever writes job_stat.state (00_internal.sql)
         '_state_allowed',
-        -- the claim order index's expression (migration 0008), evaluated for whoever writes job_stat
-        '_claim_key',
+        -- the expressions of job_stat's claim indexes (migration 0010), evaluated for whoever writes
+        -- job_stat, and read by job_stats
+        '_start_key', '_due_at', '_jitter_us',
         -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check
         -- it before anything else, as whichever role runs them
         '_api'];

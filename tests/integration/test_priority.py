@@ -82,13 +82,14 @@ def test_both_ends_of_the_range_are_accepted_in_sql(api: Conn) -> None:
         assert scalar(api, "SELECT priority FROM pgsched.job_stat WHERE job_id = %s", (job,)) == value
 
 
-def test_the_claim_reads_the_priority_index(api: Conn) -> None:
-    """The claim's due jobs come from migration 0008's index in its order: the scan stops at the
+def test_the_claim_reads_the_start_order_index(api: Conn) -> None:
+    """The claim's due jobs come from migration 0010's index (0008's, jitter added) in its order: the scan stops at the
     rows it takes instead of sorting every due job."""
     for _ in range(200):
         add_job(api, T - timedelta(minutes=1))
     api.execute("ANALYZE pgsched.job_stat")
     plan = "\n".join(str(r[0]) for r in api.execute(
         "EXPLAIN SELECT s.job_id FROM pgsched.job_stat s WHERE s.state = 'scheduled' AND s.next_start <= %s "
-        "ORDER BY pgsched._claim_key(s.next_start, s.priority), s.job_id LIMIT 8", (T,)).fetchall())
-    assert "job_stat_claim_order_idx" in plan and "Sort" not in plan, plan
+        "ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority), s.job_id LIMIT 8",
+        (T,)).fetchall())
+    assert "job_stat_start_order_idx" in plan and "Sort" not in plan, plan

@@ -120,6 +120,12 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "exclude": "* * * * *"}, "excludes every minute"),
     ({"every": "1 minute", "exclude": "0 0 31 2 *"}, "invalid exclude: .*can never fire"),
     ({"every": "1 minute", "exclude": 2}, "exclude must be a cron expression of 5 fields"),
+    ({"every": "1 minute", "jitter": timedelta(seconds=-1)}, "jitter must be a duration from 0 up to 1 day"),
+    ({"every": "1 minute", "jitter": "1 month"}, "jitter must be .*no months"),
+    ({"every": "1 minute", "jitter": "25 hours"}, "jitter must be a duration from 0 up to 1 day"),
+    ({"every": "1 minute", "jitter": "soon"}, "invalid jitter: 'soon' is not an interval"),
+    ({"every": "1 minute", "jitter": None}, "jitter must be a duration"),
+    ({"every": "1 minute", "jitter": 30}, "jitter must be a duration"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
@@ -196,3 +202,17 @@ def test_scope_query_is_declared_as_written(query: str) -> None:
 
     # stored as written: the deploy plans it, as add_job does (the database knows the tables)
     assert app.REGISTRY["scoped"].catalog_row()["scope_query"] == query
+
+
+@pytest.mark.parametrize(("given", "stored"), [
+    (None, "00:00:00"), ("30 seconds", "00:00:30"), (timedelta(minutes=2), "00:02:00"), ("1 day", "1 day"),
+])
+def test_jitter_is_declared_as_add_job_reads_it(given: str | timedelta | None, stored: str) -> None:
+    def spread(run: pgsched.Run) -> None: ...
+
+    if given is None:
+        pgsched.job(every="1 minute", name="spread")(spread)
+    else:
+        pgsched.job(every="1 minute", name="spread", jitter=given)(spread)
+
+    assert app.REGISTRY["spread"].catalog_row()["jitter"] == stored

@@ -218,6 +218,15 @@ def test_a_jobs_next_starts_leave_out_its_exclusion_window(webdb: WebDb, wadmin:
     assert len(starts) == 10 and all(int(h) >= 12 for h in starts), starts
 
 
+def test_a_jobs_page_shows_its_jitter_and_next_due(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
+    j = schedule_as(webdb, webdb.odb.alice, "spread out", every="1 hour")
+    wadmin.execute("SELECT pgsched.alter_job(%s, jitter => '10 minutes')", (j,))
+    due = scalar(wadmin, "SELECT next_due FROM pgsched.job_stats WHERE job_id = %s", (j,))
+    sign_in(client, webdb.odb.alice)
+    page = client.get(f"/jobs/{j}").text
+    assert f'<td id="jitter">up to 0:10:00 (next due {due:%Y-%m-%d %H:%M:%S})</td>' in page, page
+
+
 def test_the_timeline_draws_one_bar_per_run(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
     a = schedule_as(webdb, webdb.odb.alice, "tl-a")
     b = schedule_as(webdb, webdb.odb.alice, "tl-b")
