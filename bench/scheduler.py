@@ -111,9 +111,11 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # --priorities: lag and throughput with half the jobs (the even ids) at priority 10; --exclude: half
 # of them (the odd ids) with an exclusion window of next month, checked for every run and never
 # matching. The workflow settings used rather than left at their defaults (issue 14: the claim
-# must stay as fast).
+# must stay as fast). --jitter: half of them (the odd ids) with a jitter of 10 ms (the lag counts
+# from the delayed start, so that it measures the scheduler, not the delay asked for).
 PRIORITIES = False
 EXCLUDE = False
+JITTER = False
 
 
 def prioritise_half(dsn: str, priority: int = 10) -> None:
@@ -129,6 +131,8 @@ def use_workflow_settings(dsn: str) -> None:
         if EXCLUDE:
             conn.execute("UPDATE pgsched.job SET exclude = format('* * * %%s *', "
                          "extract(month FROM now())::int %% 12 + 1) WHERE job_id %% 2 = %s", (1,))
+        if JITTER:
+            conn.execute("UPDATE pgsched.job SET jitter = interval '10 milliseconds' WHERE job_id %% 2 = %s", (1,))
 
 
 def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
@@ -140,16 +144,20 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
             time.sleep(seconds)
         with psycopg.connect(dsn) as conn:
             # The job records clock_timestamp() as it starts: the actual start. Its plan is the slot it belongs to.
+            # With --jitter, from the plan's delayed start (README "Jitter").
             rows = conn.execute(
-                """SELECT extract(epoch FROM b.at - (j.initial_start + floor(extract(epoch FROM b.at - j.initial_start)
-                                 / 10) * interval '10 seconds')) * 1000
+                """SELECT extract(epoch FROM b.at - p.slot
+                                  - pgsched._jitter_us(j.job_id, p.slot, s.jitter_us) * interval '1 microsecond') * 1000
                      FROM bench_start b JOIN pgsched.job j ON j.job_id = b.job_id
+                     JOIN pgsched.job_stat s ON s.job_id = b.job_id
+                     CROSS JOIN LATERAL (SELECT j.initial_start + floor(extract(epoch FROM b.at - j.initial_start)
+                                                / 10) * interval '10 seconds' AS slot) p
                     WHERE b.at > (SELECT min(at) FROM bench_start) + interval '10 seconds'""").fetchall()
-            claim = conn.execute("SELECT extract(epoch FROM started_at - plan_time) * 1000 FROM pgsched.job_run "
-                                 "WHERE outcome = 'success'").fetchall()
+            claim = conn.execute("SELECT extract(epoch FROM started_at - plan_time - coalesce(jitter, '0')) * 1000 "
+                                 "FROM pgsched.job_run WHERE outcome = 'success'").fetchall()
     lags = [float(r[0]) for r in rows]
     claims = [float(r[0]) for r in claim]
-    return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE,
+    return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
             "runs": len(lags),
             "p50_ms": round(pct(lags, 50), 2),
             "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
@@ -288,7 +296,7 @@ def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> d
         stats = final_stats(log)
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
-    return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE,
+    return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
             "runs_per_s": round(rate, 1),
             "pgbench_runs_per_s_same_sql": round(bench, 1),
             # The scheduler process's own CPU per run (its workers not included): less noisy than runs/s
@@ -449,9 +457,12 @@ def main() -> None:
     ap.add_argument("--exclude", action="store_true",
                     help="lag and throughput: half the jobs with an exclusion window (of next month: never "
                          "matching, checked for every run)")
+    ap.add_argument("--jitter", action="store_true",
+                    help="lag and throughput: half the jobs with a jitter of 10 ms (lag counted from the delayed "
+                         "start)")
     args = ap.parse_args()
-    global PRIORITIES, EXCLUDE
-    PRIORITIES, EXCLUDE = args.priorities, args.exclude
+    global PRIORITIES, EXCLUDE, JITTER
+    PRIORITIES, EXCLUDE, JITTER = args.priorities, args.exclude, args.jitter
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":
