@@ -152,7 +152,7 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class Behind:
-    """A job whose next plan is overdue (pgsched._behind), with what catch-up needs."""
+    """A job whose next plan is overdue (pgsched._behind_v2), with what catch-up needs."""
 
     job_id: int
     next_start: datetime
@@ -379,9 +379,9 @@ class Store:
         return [_claimed_from_row(r) for r in rows]
 
     def behind(self, late: timedelta, limit: int = 1000) -> list[Behind]:
-        """Jobs whose next plan is more than `late` overdue (pgsched._behind)."""
+        """Jobs whose next plan is more than `late` overdue (pgsched._behind_v2)."""
         out = []
-        for row in self._execute("SELECT * FROM pgsched._behind(%s, %s)", (late, limit)):
+        for row in self._execute("SELECT * FROM pgsched._behind_v2(%s, %s)", (late, limit)):
             self._anchor(row["db_now"])
             try:
                 sched: Schedule | None = schedule_from_row(row)

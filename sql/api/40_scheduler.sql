@@ -21,6 +21,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_abandoned_runs',
     '_arm_restart_jobs',
     '_behind',
+    '_behind_v2',
     '_catch_up',
     '_claim_v2',
     '_close_batch',
@@ -511,8 +512,9 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Jobs whose next plan is more than `late` overdue: the scheduler applies their
--- catch-up policy (pgsched/catchup.py) and writes the result with _catch_up.
-CREATE OR REPLACE FUNCTION pgsched._behind(late interval, max_rows integer, now timestamptz DEFAULT now())
+-- catch-up policy (pgsched/catchup.py) and writes the result with _catch_up. jitter_s: the delay
+-- of the plan at next_start (API 2; API 1's _behind, 41_api1.sql, is this without it).
+CREATE OR REPLACE FUNCTION pgsched._behind_v2(late interval, max_rows integer, now timestamptz DEFAULT now())
 RETURNS TABLE (job_id integer, next_start timestamptz, schedule text, months integer, days integer,
                micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text, catch_up text,
                catch_up_window_s double precision, max_plans_per_tick integer, schedule_delay_s double precision,
@@ -521,12 +523,11 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT s.job_id, s.next_start, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
            v.timezone, v.catch_up, v.catch_up_window_s, v.max_plans_per_tick, v.schedule_delay_s, clock_timestamp(),
-           -- the delay of the plan at next_start (appended: release 0.1.0's instances read this too)
            pgsched._jitter_us(s.job_id, s.next_start, s.jitter_us) / 1e6::float8
       FROM pgsched.job_stat s
       JOIN pgsched._job_launch v ON v.job_id = s.job_id
      WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
-       AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us) < pg_catalog.timezone('UTC', _behind.now - late)
+       AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us) < pg_catalog.timezone('UTC', _behind_v2.now - late)
        AND v.schedule <> '@restart'  -- its one plan is the server's start, however late
      ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
      LIMIT max_rows

@@ -49,3 +49,16 @@ RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched._disable_job_v2(job_id, reason);
 $$;
+
+-- API 1's _behind: API 2's without jitter_s (its result type is in 0.1.0's prepared statements).
+CREATE OR REPLACE FUNCTION pgsched._behind(late interval, max_rows integer, now timestamptz DEFAULT now())
+RETURNS TABLE (job_id integer, next_start timestamptz, schedule text, months integer, days integer,
+               micros bigint, fixed_schedule boolean, initial_start timestamptz, timezone text, catch_up text,
+               catch_up_window_s double precision, max_plans_per_tick integer, schedule_delay_s double precision,
+               db_now timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT b.job_id, b.next_start, b.schedule, b.months, b.days, b.micros, b.fixed_schedule, b.initial_start,
+           b.timezone, b.catch_up, b.catch_up_window_s, b.max_plans_per_tick, b.schedule_delay_s, b.db_now
+      FROM pgsched._behind_v2(late, max_rows, now) b
+$$;

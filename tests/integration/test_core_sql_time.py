@@ -80,8 +80,8 @@ def test_next_due_and_behind_read_the_given_time(api: Conn) -> None:
     job = add_job(api, T)
     assert one(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T - S,))["next_due"] == T
     late = timedelta(seconds=1)
-    assert rows(api, "SELECT job_id FROM pgsched._behind(%s, 10, now => %s)", (late, T + late)) == []
-    assert rows(api, "SELECT job_id FROM pgsched._behind(%s, 10, now => %s)",
+    assert rows(api, "SELECT job_id FROM pgsched._behind_v2(%s, 10, now => %s)", (late, T + late)) == []
+    assert rows(api, "SELECT job_id FROM pgsched._behind_v2(%s, 10, now => %s)",
                 (late, T + late + timedelta(microseconds=1))) == [{"job_id": job}]
 
 
