@@ -1,6 +1,6 @@
 """The scheduler's two per-run statements, the claim and the close, timed against another release.
 
-    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150]
+    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150] [--concurrency]
 
 One cluster, two databases: `a` gets the schema of the release at git ref --against (checked out
 into a temporary worktree and installed by its own `pgsched.migrate`), `b` this tree's. Each has
@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--against", default="9971113", help="git ref of the other release (default: 0.1.0)")
     ap.add_argument("--rounds", type=int, default=12, help="blocks per database")
     ap.add_argument("--block", type=int, default=150, help="claim+close rounds per block")
+    ap.add_argument("--concurrency", action="store_true",
+                    help="this tree's jobs: half on one concurrency key with a limit of 100 (never binding)")
     args = ap.parse_args()
     other = Path(tempfile.mkdtemp(prefix="pgsched-bench-release-")) / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
@@ -108,6 +110,10 @@ def main() -> None:
             dsns = {name: psycopg.conninfo.make_conninfo(dsn, dbname=name) for name in ("a", "b")}
             install(dsns["a"], other)
             install(dsns["b"], ROOT)
+            if args.concurrency:
+                with psycopg.connect(dsns["b"], autocommit=True) as conn:
+                    conn.execute("SELECT pgsched.set_concurrency_limit('bench', 100)")
+                    conn.execute("UPDATE pgsched.job SET concurrency_key = 'bench' WHERE job_id % 2 = 1")
             # A release from 0.2.0 on has this tree's statement names.
             with psycopg.connect(dsns["a"]) as conn:
                 v2 = conn.execute("SELECT to_regproc('pgsched._close_runs') IS NOT NULL").fetchone()
@@ -117,7 +123,8 @@ def main() -> None:
             for _ in range(args.rounds):
                 for c in clients.values():
                     c.block(args.block)
-            out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": 8}
+            out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": 8,
+                                   "concurrency": args.concurrency}
             for name, c in clients.items():
                 label = args.against if name == "a" else "this tree"
                 out[label] = {"claim_ms": round(statistics.median(c.claim_ms), 3),

@@ -113,9 +113,12 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # matching. The workflow settings used rather than left at their defaults (issue 14: the claim
 # must stay as fast). --jitter: half of them (the odd ids) with a jitter of 10 ms (the lag counts
 # from the delayed start, so that it measures the scheduler, not the delay asked for).
+# --concurrency: half of them (the odd ids) on one concurrency key with a limit of 100, so every
+# claim takes the key's lock and counts its runs, and the limit never binds (8 workers).
 PRIORITIES = False
 EXCLUDE = False
 JITTER = False
+CONCURRENCY = False
 
 
 def prioritise_half(dsn: str, priority: int = 10) -> None:
@@ -133,6 +136,9 @@ def use_workflow_settings(dsn: str) -> None:
                          "extract(month FROM now())::int %% 12 + 1) WHERE job_id %% 2 = %s", (1,))
         if JITTER:
             conn.execute("UPDATE pgsched.job SET jitter = interval '10 milliseconds' WHERE job_id %% 2 = %s", (1,))
+        if CONCURRENCY:
+            conn.execute("SELECT pgsched.set_concurrency_limit('bench', 100)")
+            conn.execute("UPDATE pgsched.job SET concurrency_key = 'bench' WHERE job_id %% 2 = %s", (1,))
 
 
 def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
@@ -158,6 +164,7 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     lags = [float(r[0]) for r in rows]
     claims = [float(r[0]) for r in claim]
     return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
+            "concurrency": CONCURRENCY,
             "runs": len(lags),
             "p50_ms": round(pct(lags, 50), 2),
             "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
@@ -297,6 +304,7 @@ def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> d
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
     return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
+            "concurrency": CONCURRENCY,
             "runs_per_s": round(rate, 1),
             "pgbench_runs_per_s_same_sql": round(bench, 1),
             # The scheduler process's own CPU per run (its workers not included): less noisy than runs/s
@@ -460,9 +468,12 @@ def main() -> None:
     ap.add_argument("--jitter", action="store_true",
                     help="lag and throughput: half the jobs with a jitter of 10 ms (lag counted from the delayed "
                          "start)")
+    ap.add_argument("--concurrency", action="store_true",
+                    help="lag and throughput: half the jobs on one concurrency key with a limit of 100 (never "
+                         "binding: the claim's lock and count are what is measured)")
     args = ap.parse_args()
-    global PRIORITIES, EXCLUDE, JITTER
-    PRIORITIES, EXCLUDE, JITTER = args.priorities, args.exclude, args.jitter
+    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY
+    PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgsched import exclusion, schedule
 from pgsched.errors import PgschedError
-from pgsched.model import PRIORITY_MAX, PRIORITY_MIN
+from pgsched.model import MAX_CONCURRENCY_KEY, PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
     import psycopg
@@ -113,6 +113,7 @@ class JobSpec:
     priority: int = 0
     exclude: str | None = None
     jitter: str = "00:00:00"
+    concurrency_key: str | None = None
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -124,7 +125,7 @@ class JobSpec:
             "catch_up_window": self.catch_up_window, "max_plans_per_tick": self.max_plans_per_tick,
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
             "scope_query": self.scope_query, "database": self.database, "priority": self.priority,
-            "exclude": self.exclude, "jitter": self.jitter,
+            "exclude": self.exclude, "jitter": self.jitter, "concurrency_key": self.concurrency_key,
         }
 
 
@@ -214,6 +215,7 @@ def job(
     priority: int = 0,
     exclude: str | None = None,
     jitter: str | timedelta = NO_DELAY,
+    concurrency_key: str | None = None,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
 
@@ -225,6 +227,7 @@ def job(
     `priority=` (seconds of precedence among due jobs) orders the claim when workers are short.
     `exclude=` (a 5-field cron expression) names minutes in which a planned start is skipped.
     `jitter=` delays each planned start by a pseudo-random amount below it, the same on every instance.
+    `concurrency_key=` limits how many runs of the jobs sharing it run at once, over every instance.
     """
 
     def declare(func: F) -> F:
@@ -274,6 +277,11 @@ def job(
         if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
             raise JobDeclarationError(f"{fn}: priority must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX} "
                                       f"(seconds of precedence among due jobs), not {priority!r}")
+        if concurrency_key is not None and (not isinstance(concurrency_key, str) or not concurrency_key.strip()
+                                            or len(concurrency_key) > MAX_CONCURRENCY_KEY):
+            raise JobDeclarationError(
+                f"{fn}: concurrency_key must be a name of 1 to {MAX_CONCURRENCY_KEY} characters such as 'heavy', "
+                f"or None, not {concurrency_key!r}")
         if exclude is not None and not isinstance(exclude, str):
             raise JobDeclarationError(f"{fn}: exclude must be {exclusion.FORM}, or None, not {exclude!r}")
         if exclude is not None:
@@ -305,6 +313,7 @@ def job(
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
             allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
             priority=priority, exclude=" ".join(exclude.split()) if exclude else None, jitter=str(spread),
+            concurrency_key=concurrency_key,
         )
         return func
 

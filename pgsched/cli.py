@@ -304,7 +304,7 @@ def jobs(dsn: str | None, state: str | None, failing: bool, owner: str | None, a
                               ("schedule", "schedule"), ("priority", "priority"), ("state", "state"),
                               ("next_start", "next start"),
                               ("last_outcome", "last outcome"), ("last_outcome_at", "at"),
-                              ("consecutive_failures", "failures in a row")])
+                              ("consecutive_failures", "failures in a row"), ("waiting_for", "waiting for")])
 
 
 @main.command()
@@ -472,6 +472,23 @@ def instances(dsn: str | None, all_: bool, as_json: bool) -> None:
     render.table(None, rows, [("instance_id", "id"), ("host", "host"), ("pid", "pid"), ("version", "version"),
                               ("alive", "alive"), ("workers", "busy/total"), ("heartbeat_at", "last heartbeat"),
                               ("runs_in_progress", "runs"), ("started_at", "started"), ("stopped_at", "stopped")])
+
+
+@main.command()
+@dsn_option
+@json_option
+def limits(dsn: str | None, as_json: bool) -> None:
+    """Concurrency keys: each one's limit, the runs holding it and the jobs waiting for it
+    (set a limit with SELECT pgsched.set_concurrency_limit('key', n))."""
+    from pgsched.ops import query, render
+
+    with _ops(dsn) as conn:
+        rows = query.concurrency_limits(conn)
+    if as_json:
+        render.emit_json(rows)
+        return
+    render.table(None, rows, [("concurrency_key", "key"), ("max_running", "limit"), ("running", "running"),
+                              ("jobs", "jobs"), ("waiting", "waiting")])
 
 
 @main.command()

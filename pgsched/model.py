@@ -20,6 +20,8 @@ from pgsched.schedule import Schedule
 # A job's priority: seconds of precedence among due jobs. SQL's _check_settings (sql/api/10_jobs.sql)
 # refuses the same range (tests/integration/test_priority.py checks both ends on both sides).
 PRIORITY_MIN, PRIORITY_MAX = -3600, 3600
+# A concurrency key's length, as _check_settings and set_concurrency_limit refuse it.
+MAX_CONCURRENCY_KEY = 200
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class JobSettings:
     priority: int = 0  # seconds of precedence among due jobs (the claim's order; README "Priority")
     exclude: str | None = None  # minutes not to run in, a 5-field cron (pgsched/exclusion.py)
     jitter: timedelta = timedelta(0)  # each planned start is delayed by up to this (README "Jitter")
+    concurrency_key: str | None = None  # runs sharing it are limited over every instance (README "Concurrency limits")
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:

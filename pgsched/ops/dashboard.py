@@ -78,7 +78,7 @@ def job(conn: Conn, job_id: int) -> Row:
         "SELECT j.*, j.owner::text AS owner, s.state, s.last_start, s.last_finish, s.last_successful_finish, "
         "       s.total_runs, s.total_successes, s.total_failures, s.total_crashes, s.total_skipped, "
         "       s.total_missed, s.consecutive_failures, s.consecutive_crashes, s.disabled_reason, "
-        "       s.last_run_duration, s.next_due "
+        "       s.last_run_duration, s.next_due, s.waiting_for "
         "  FROM pgsched.jobs j JOIN pgsched.job_stats s ON s.job_id = j.job_id WHERE j.job_id = %s",
         (job_id,)).fetchone()
     if row is None:

@@ -101,13 +101,20 @@ def jobs(conn: Conn, *, state: str | None = None, failing: bool = False, owner: 
     return conn.execute(
         "SELECT s.job_id, s.job_name, s.owner::text AS owner, j.kind, j.schedule, j.priority, s.state, s.next_start, "
         "       lr.last_outcome, lr.last_outcome_at, s.consecutive_failures, s.consecutive_crashes, "
-        "       s.disabled_reason "
+        "       s.disabled_reason, j.concurrency_key, s.waiting_for "
         "  FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id" + _LAST_RUN +
         " WHERE (%(state)s::text IS NULL OR s.state = %(state)s) "
         "   AND (%(owner)s::text IS NULL OR s.owner::text = %(owner)s) "
         "   AND (NOT %(failing)s OR " + FAILING + ") "
         " ORDER BY s.job_id",
         {"state": state, "owner": owner, "failing": failing}).fetchall()
+
+
+def concurrency_limits(conn: Conn) -> list[Row]:
+    """pgsched.concurrency_limits: every key in use or with a limit (the jobs counted are those you may see)."""
+    return conn.execute(
+        "SELECT concurrency_key, max_running, is_default, running, jobs, waiting "
+        "  FROM pgsched.concurrency_limits ORDER BY concurrency_key").fetchall()
 
 
 def history(conn: Conn, *, job_id: int | None = None, outcome: str | None = None,

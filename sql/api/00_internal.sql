@@ -523,8 +523,9 @@ CREATE OR REPLACE TRIGGER job_stat_state_update BEFORE UPDATE OF state ON pgsche
     EXECUTE FUNCTION pgsched._check_state_change();
 
 -- A job row always has its job_stat row, whether it came through add_job or
--- direct DML; pausing and resuming are reflected in the state, and its priority and jitter are
--- copied beside next_start, where the claim's indexes read them (migrations 0008 and 0010).
+-- direct DML; pausing and resuming are reflected in the state, and its priority, jitter and
+-- concurrency key are copied beside next_start, where the claim reads them (migrations 0008, 0010
+-- and 0011).
 -- SECURITY DEFINER: other roles may not write job_stat (0002_security.sql), but
 -- their job's own row follows what they did to the job, which row-level
 -- security has already allowed. A trigger function cannot be called directly.
@@ -533,14 +534,16 @@ RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO pgsched.job_stat (job_id, state, priority, jitter_us)
+        INSERT INTO pgsched.job_stat (job_id, state, priority, jitter_us, concurrency_key)
         VALUES (NEW.job_id, CASE WHEN NEW.scheduled THEN 'scheduled' ELSE 'disabled' END, NEW.priority,
-                (extract(epoch FROM NEW.jitter) * 1000000)::bigint)
+                (extract(epoch FROM NEW.jitter) * 1000000)::bigint, NEW.concurrency_key)
         ON CONFLICT (job_id) DO NOTHING;
         RETURN NULL;
     END IF;
-    IF (NEW.priority, NEW.jitter) IS DISTINCT FROM (OLD.priority, OLD.jitter) THEN
-        UPDATE pgsched.job_stat SET priority = NEW.priority, jitter_us = (extract(epoch FROM NEW.jitter) * 1000000)::bigint
+    IF (NEW.priority, NEW.jitter, NEW.concurrency_key) IS DISTINCT FROM (OLD.priority, OLD.jitter, OLD.concurrency_key)
+    THEN
+        UPDATE pgsched.job_stat SET priority = NEW.priority, jitter_us = (extract(epoch FROM NEW.jitter) * 1000000)::bigint,
+                                    concurrency_key = NEW.concurrency_key
          WHERE job_stat.job_id = NEW.job_id;
     END IF;
     IF NEW.scheduled IS DISTINCT FROM OLD.scheduled THEN
@@ -565,7 +568,8 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE TRIGGER job_row_change AFTER INSERT OR UPDATE OF scheduled, priority, jitter ON pgsched.job
+CREATE OR REPLACE TRIGGER job_row_change AFTER INSERT OR UPDATE OF scheduled, priority, jitter, concurrency_key
+    ON pgsched.job
     FOR EACH ROW EXECUTE FUNCTION pgsched._job_row_change();
 
 CREATE OR REPLACE FUNCTION pgsched._touch_updated_at()

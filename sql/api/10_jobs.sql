@@ -76,7 +76,17 @@ BEGIN
             || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
-            || 'text, text, integer, text)']
+            || 'text, text, integer, text)',
+        -- with jitter, before concurrency_key (migration 0011)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text, '
+            || 'interval)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text, '
+            || 'interval)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text, text, integer, text, interval)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -124,7 +134,8 @@ SELECT pgsched._define_type('job_settings', $$
     database            text,        -- NULL: the scheduler's own database
     priority            integer,     -- seconds of precedence among due jobs (README "Priority")
     exclude             text,        -- NULL, or a 5-field cron of minutes not to run in (README "Exclusion windows")
-    jitter              interval     -- each planned start is delayed by a pseudo-random part of it (README "Jitter")
+    jitter              interval,    -- each planned start is delayed by a pseudo-random part of it (README "Jitter")
+    concurrency_key     text         -- NULL, or a key whose runs are limited across instances (README "Concurrency limits")
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -275,6 +286,9 @@ DECLARE
     jitter_form constant text := 'a duration from 0 up to 1 day such as ''30 seconds'' (each planned start is '
         || 'delayed by a pseudo-random amount below it, the same on every instance; default 0: none)';
     excl record;
+    key_form constant text := 'a name of 1 to 200 characters such as ''heavy'': jobs that share it run at most '
+        || 'pgsched.set_concurrency_limit(key, n) at once (default 1); or NULL for none (in alter_job: NULL keeps '
+        || 'it, '''' removes it)';
 BEGIN
     IF s.fixed_schedule IS NULL THEN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
@@ -344,6 +358,11 @@ BEGIN
                                  jitter_form);
     ELSIF s.jitter > interval '1 day' THEN
         PERFORM pgsched._bad_arg('jitter', format('%s is longer than 1 day', s.jitter), jitter_form);
+    END IF;
+    IF s.concurrency_key IS NOT NULL AND (btrim(s.concurrency_key) = '' OR length(s.concurrency_key) > 200) THEN
+        PERFORM pgsched._bad_arg('concurrency_key',
+                                 CASE WHEN btrim(s.concurrency_key) = '' THEN format('%L is empty', s.concurrency_key)
+                                      ELSE format('%s characters long', length(s.concurrency_key)) END, key_form);
     END IF;
     IF s.priority IS NULL THEN
         PERFORM pgsched._bad_arg('priority', 'NULL', priority_form, '22004');
@@ -489,7 +508,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     database text DEFAULT NULL,
     priority integer DEFAULT 0,
     exclude text DEFAULT NULL,
-    jitter interval DEFAULT interval '0')
+    jitter interval DEFAULT interval '0',
+    concurrency_key text DEFAULT NULL)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -503,7 +523,8 @@ SET intervalstyle = 'postgres' AS $$
                                    'catch_up_window', catch_up_window, 'max_plans_per_tick', max_plans_per_tick,
                                    'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
                                    'scope_query', scope_query, 'database', database,
-                                   'priority', priority, 'exclude', exclude, 'jitter', jitter)))
+                                   'priority', priority, 'exclude', exclude, 'jitter', jitter,
+                                   'concurrency_key', concurrency_key)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -531,7 +552,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     database text DEFAULT NULL,
     priority integer DEFAULT 0,
     exclude text DEFAULT NULL,
-    jitter interval DEFAULT interval '0')
+    jitter interval DEFAULT interval '0',
+    concurrency_key text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -543,7 +565,8 @@ BEGIN
                            catch_up => catch_up, if_not_exists => if_not_exists, catch_up_window => catch_up_window,
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
                            allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
-                           database => database, priority => priority, exclude => exclude, jitter => jitter);
+                           database => database, priority => priority, exclude => exclude, jitter => jitter,
+                           concurrency_key => concurrency_key);
 END
 $$;
 
@@ -617,9 +640,12 @@ BEGIN
     IF s.database = '' THEN
         s.database := NULL;
     END IF;
-    -- '' removes the exclusion window.
+    -- '' removes the exclusion window, and the concurrency key.
     IF s.exclude = '' THEN
         s.exclude := NULL;
+    END IF;
+    IF s.concurrency_key = '' THEN
+        s.concurrency_key := NULL;
     END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
                                   check_database => given ? 'database', owner => j.owner);
@@ -691,7 +717,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     database text DEFAULT NULL,
     priority integer DEFAULT NULL,
     exclude text DEFAULT NULL,
-    jitter interval DEFAULT NULL)
+    jitter interval DEFAULT NULL,
+    concurrency_key text DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -707,7 +734,7 @@ SET intervalstyle = 'postgres' AS $$
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
             'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
             'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23, 'priority', $24,
-            'exclude', $25, 'jitter', $26))
+            'exclude', $25, 'jitter', $26, 'concurrency_key', $27))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)

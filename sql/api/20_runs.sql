@@ -46,10 +46,10 @@ BEGIN
             HINT = 'wait for the run to end (see pgsched.job_stats), then try again';
     END IF;
     INSERT INTO pgsched.job_run (job_id, plan_time, trigger, started_at, outcome, worker_pid, backend_pid,
-                                 instance_id, lease_token, heartbeat_at)
+                                 instance_id, lease_token, heartbeat_at, concurrency_key)
     VALUES (_mark_start.job_id, _mark_start.plan_time, _mark_start.trigger, _mark_start.started_at, 'running',
             _mark_start.worker_pid, _mark_start.backend_pid, _mark_start.instance_id, _mark_start.lease_token,
-            _mark_start.started_at)
+            _mark_start.started_at, st.concurrency_key)
     RETURNING run_id INTO rid;
     -- A paused job run by hand (run_job, `pgsched run`) stays disabled: the state machine
     -- has no disabled -> starting, and its scheduled flag is what a scheduler goes by.
@@ -98,6 +98,7 @@ DECLARE
     c record;
     bad text;
     disable integer[] := '{}';
+    keys_freed text[] := '{}';
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
@@ -125,7 +126,7 @@ BEGIN
                         THEN pgsched._delayed(pgsched._delayed(e.next_start,
                                  -pg_catalog.make_interval(secs => e.schedule_delay_s)), j.schedule_delay)
                         ELSE e.next_start END AS next_start,
-                   j.scheduled
+                   j.scheduled, jr.concurrency_key
               FROM pgsched.job_run jr
               JOIN e ON e.run_id = jr.run_id
               JOIN pgsched.job j ON j.job_id = jr.job_id
@@ -199,7 +200,7 @@ BEGIN
             RETURNING s.job_id, s.state, p.disable_reason IS NOT NULL AND p.plan_run IS NOT NULL AS disable
         )
         SELECT r.run_id, r.job_id, r.scope, r.outcome, b.state AS old_state, a.state AS new_state,
-               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time
+               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time, r.concurrency_key
           FROM r
           LEFT JOIN before b ON b.job_id = r.job_id
           LEFT JOIN after a ON a.job_id = r.job_id
@@ -217,12 +218,30 @@ BEGIN
             PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('run_end', c.job_id, c.run_id,
                                                                           c.outcome, c.attempt, c.plan_time));
         END IF;
+        IF c.concurrency_key IS NOT NULL THEN
+            keys_freed := keys_freed || c.concurrency_key;
+        END IF;
         IF c.disable THEN
             disable := disable || c.job_id;
             PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', c.job_id, c.run_id,
                                                                           c.outcome, c.attempt, c.plan_time));
         END IF;
     END LOOP;
+    -- Runs that held a concurrency key ended: a job waiting for the key may start now, on any
+    -- instance (README "Concurrency limits"). Only when the key was full before this close and
+    -- one waits (a due job, or a queued scope run, with the key): a NOTIFY per run would
+    -- serialise commits on the notify queue's lock, and wakes every instance.
+    IF keys_freed <> '{}'
+       AND EXISTS (SELECT 1 FROM (SELECT k, count(*) AS n FROM unnest(keys_freed) AS k GROUP BY k) f
+                    WHERE pgsched._key_running(f.k) + f.n >= pgsched._key_limit(f.k)
+                      AND (EXISTS (SELECT 1 FROM pgsched.job_stat w
+                                    WHERE w.state = 'scheduled' AND w.concurrency_key = f.k
+                                      AND pgsched._due_at(w.job_id, w.next_start, w.jitter_us)
+                                          <= pg_catalog.timezone('UTC', pg_catalog.now()))
+                           OR EXISTS (SELECT 1 FROM pgsched.job_run q JOIN pgsched.job_stat w ON w.job_id = q.job_id
+                                       WHERE q.outcome = 'queued' AND w.concurrency_key = f.k))) THEN
+        PERFORM pg_catalog.pg_notify('pgsched_catalog', 'concurrency_key:free');
+    END IF;
     IF disable <> '{}' THEN
         -- After the statement above: pausing the job fires its trigger, which writes job_stat too.
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = ANY (disable) AND j.scheduled;

@@ -12,7 +12,7 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.max_runtime, j.max_retries, j.retry_period, j.catch_up,
        s.next_start, j.created_at, j.updated_at,
        j.catch_up_window, j.max_plans_per_tick, j.schedule_delay, j.allow_stale_reentry,
-       j.scope_query, j.database, j.priority, j.exclude, j.jitter
+       j.scope_query, j.database, j.priority, j.exclude, j.jitter, j.concurrency_key
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 
@@ -28,9 +28,27 @@ SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
        -- appended, not beside total_skipped: a view's existing columns cannot move on upgrade
        s.total_missed,
        -- when the next run may start: next_start with the jitter of its plan (migration 0010)
-       pg_catalog.timezone('UTC', pgsched._due_at(s.job_id, s.next_start, s.jitter_us)) AS next_due
+       pg_catalog.timezone('UTC', pgsched._due_at(s.job_id, s.next_start, s.jitter_us)) AS next_due,
+       -- why a due plan does not start: its concurrency key is at its limit (migration 0011)
+       CASE WHEN s.state = 'scheduled' AND s.concurrency_key IS NOT NULL
+                 AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us) <= pg_catalog.timezone('UTC', now())
+            THEN pgsched._key_wait(s.concurrency_key) END AS waiting_for
   FROM pgsched.job_stat s
   JOIN pgsched.job j USING (job_id);
+
+-- Every concurrency key in use or with a limit (README "Concurrency limits"): its limit, the runs
+-- holding it now (over every owner: _key_running), and the jobs you may see that have it and of
+-- those, the ones waiting for it.
+CREATE OR REPLACE VIEW pgsched.concurrency_limits WITH (security_invoker = true) AS
+SELECT k.concurrency_key, pgsched._key_limit(k.concurrency_key) AS max_running,
+       l.concurrency_key IS NULL AS is_default,
+       pgsched._key_running(k.concurrency_key) AS running,
+       (SELECT count(*) FROM pgsched.job j WHERE j.concurrency_key = k.concurrency_key)::integer AS jobs,
+       (SELECT count(*) FROM pgsched.job_stats s JOIN pgsched.job j ON j.job_id = s.job_id
+         WHERE j.concurrency_key = k.concurrency_key AND s.waiting_for IS NOT NULL)::integer AS waiting
+  FROM (SELECT l.concurrency_key FROM pgsched.concurrency_limit l
+        UNION SELECT j.concurrency_key FROM pgsched.job j WHERE j.concurrency_key IS NOT NULL) k
+  LEFT JOIN pgsched.concurrency_limit l ON l.concurrency_key = k.concurrency_key;
 
 CREATE OR REPLACE VIEW pgsched.job_history WITH (security_invoker = true) AS
 SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigger,
@@ -43,7 +61,7 @@ SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigge
   JOIN pgsched.job j USING (job_id);
 
 -- Row-level security decides which rows; every role may ask.
-GRANT SELECT ON pgsched.jobs, pgsched.job_stats, pgsched.job_history TO PUBLIC;
+GRANT SELECT ON pgsched.jobs, pgsched.job_stats, pgsched.job_history, pgsched.concurrency_limits TO PUBLIC;
 
 -- Live and stopped scheduler instances. alive: not stopped, heartbeat recent, and its
 -- connection still there (the rules _abandoned_runs uses, with the default dead_after, 10 s).

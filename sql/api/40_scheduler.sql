@@ -71,7 +71,7 @@ SELECT pgsched._define_type('_launch_row_v2', $$
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
     db_now timestamptz, scheduled boolean, job_state text, database text, priority integer,
-    exclude text, jitter_s double precision$$);
+    exclude text, jitter_s double precision, concurrency_key text$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
@@ -93,7 +93,7 @@ SELECT j.job_id, j.job_name, j.kind,
        extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
        j.scheduled,
        -- appended (release 0.1.0's view is replaced in place): the job's database, NULL for ours
-       j.database, j.priority, j.exclude, extract(epoch FROM j.jitter)::float8 AS jitter_s
+       j.database, j.priority, j.exclude, extract(epoch FROM j.jitter)::float8 AS jitter_s, j.concurrency_key
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -118,6 +118,11 @@ SELECT j.job_id, j.job_name, j.kind,
 -- worker that waits for the start time, so the claim's own latency does not delay
 -- the start. Such a run's started_at is its start time.
 -- Which queued scope runs are claimable: pgsched._claimable_scope_runs.
+-- Concurrency limits (25_concurrency.sql): a job with a concurrency_key is claimed only while its
+-- key has room, counting the runs holding it and those this claim takes. Two instances must not
+-- both see the same room: a claim that may take a keyed run first takes one advisory lock, held
+-- to its commit, and only then counts (its next statement sees what the previous holder
+-- committed). A claim with no keyed run due takes no lock, and no keyed run.
 CREATE OR REPLACE FUNCTION pgsched._claim_v2(instance_id bigint, worker_pids integer[], backend_pids integer[],
                                           ahead interval DEFAULT interval '0', code_modules text[] DEFAULT '{}',
                                           now timestamptz DEFAULT now())
@@ -131,16 +136,44 @@ SET search_path = pg_catalog, pg_temp
 SET enable_bitmapscan = off AS $$
 -- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
 -- function would plan the whole query again on every claim.
+DECLARE
+    keyed boolean;
 BEGIN
+    -- On the partial index of keyed due jobs, and the queued scope runs (usually none; with many
+    -- queued runs of unkeyed jobs this walks them until a keyed one, a plain index scan).
+    keyed := EXISTS (SELECT 1 FROM pgsched.job_stat s
+                      WHERE s.state = 'scheduled' AND s.concurrency_key IS NOT NULL
+                        AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
+                            <= pg_catalog.timezone('UTC', _claim_v2.now + ahead))
+          OR EXISTS (SELECT 1 FROM pgsched.job_run q JOIN pgsched.job_stat s ON s.job_id = q.job_id
+                      WHERE q.outcome = 'queued' AND s.concurrency_key IS NOT NULL);
+    IF keyed THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock(7401295312);
+    END IF;
     RETURN QUERY
-    WITH due AS (
-        SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes,
-               -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
-               pgsched._delayed(s.next_start, -s.schedule_delay) AS plan_time,
-               pgsched._jitter_us(s.job_id, s.next_start, s.jitter_us) AS jitter_us,
-               row_number() OVER (ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority),
-                                           s.job_id) AS n
-          FROM (SELECT s.*, jj.schedule_delay FROM pgsched.job_stat s JOIN pgsched.job jj ON jj.job_id = s.job_id
+    WITH room AS (
+        -- Each key's free places before this claim, for the keys with a limit or a run holding them
+        -- (the others have the default limit and no run). Read only when a keyed job is due.
+        SELECT coalesce(l.concurrency_key, b.concurrency_key) AS concurrency_key,
+               coalesce(l.max_running, pgsched._key_default_limit()) - coalesce(b.n, 0) AS free
+          FROM pgsched.concurrency_limit l
+          FULL JOIN (SELECT r.concurrency_key, count(*) AS n
+                       FROM pgsched.job_run r
+                      WHERE r.outcome = 'running' AND r.concurrency_key IS NOT NULL
+                      GROUP BY r.concurrency_key) b ON b.concurrency_key = l.concurrency_key
+    ), cand AS (
+        -- Due jobs in claim order; a keyed one only where its key has room before this claim (and
+        -- only by a claim that holds the lock).
+        SELECT s.*, row_number() OVER (PARTITION BY s.concurrency_key ORDER BY s.start_key, s.job_id) AS key_rank
+          FROM (SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes, jj.schedule_delay,
+                       s.jitter_us, s.concurrency_key, f.free,
+                       pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority) AS start_key
+                  FROM pgsched.job_stat s
+                  JOIN pgsched.job jj ON jj.job_id = s.job_id
+                  LEFT JOIN LATERAL (
+                      SELECT coalesce((SELECT r.free FROM room r WHERE r.concurrency_key = s.concurrency_key),
+                                      pgsched._key_default_limit()) AS free
+                       WHERE keyed AND s.concurrency_key IS NOT NULL) f ON true
                  WHERE s.state = 'scheduled'
                    AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
                        <= pg_catalog.timezone('UTC', _claim_v2.now + ahead)
@@ -151,27 +184,51 @@ BEGIN
                        <= pg_catalog.timezone('UTC', _claim_v2.now + ahead) + interval '3600 seconds'
                    AND pg_catalog.isfinite(s.next_start)
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
+                   AND (s.concurrency_key IS NULL OR f.free > 0)
                  ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority), s.job_id
                  LIMIT cardinality(worker_pids)
                    FOR UPDATE OF s SKIP LOCKED) s
+    ), due AS (
+        -- Within the batch, a key takes no more than its room; n: the worker each run goes to.
+        SELECT c.job_id, c.next_start, c.consecutive_failures, c.consecutive_crashes, c.concurrency_key,
+               -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
+               pgsched._delayed(c.next_start, -c.schedule_delay) AS plan_time,
+               pgsched._jitter_us(c.job_id, c.next_start, c.jitter_us) AS jitter_us,
+               row_number() OVER (ORDER BY c.start_key, c.job_id) AS n
+          FROM cand c
+         WHERE c.concurrency_key IS NULL OR c.key_rank <= c.free
     ), queued AS (
-        SELECT q.run_id, (SELECT count(*) FROM due) + row_number() OVER (ORDER BY q.plan_time, q.run_id) AS n
-          FROM (SELECT q.run_id, q.plan_time FROM pgsched.job_run q
-                 WHERE q.outcome = 'queued'
-                   AND q.run_id IN (SELECT c.run_id FROM pgsched._claimable_scope_runs c
-                                     WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules))
-                 ORDER BY q.plan_time, q.run_id
-                 LIMIT greatest(cardinality(worker_pids) - (SELECT count(*) FROM due), 0)
-                   FOR UPDATE OF q SKIP LOCKED) q
+        SELECT q.run_id, q.concurrency_key,
+               (SELECT count(*) FROM due) + row_number() OVER (ORDER BY q.plan_time, q.run_id) AS n
+          FROM (SELECT q.*, row_number() OVER (PARTITION BY q.concurrency_key ORDER BY q.plan_time, q.run_id)
+                            AS key_rank
+                  FROM (SELECT q.run_id, q.plan_time, qs.concurrency_key,
+                               f.free - (SELECT count(*) FROM due d WHERE d.concurrency_key = qs.concurrency_key) AS free
+                          FROM pgsched.job_run q
+                          JOIN pgsched.job_stat qs ON qs.job_id = q.job_id
+                          LEFT JOIN LATERAL (
+                              SELECT coalesce((SELECT r.free FROM room r WHERE r.concurrency_key = qs.concurrency_key),
+                                              pgsched._key_default_limit()) AS free
+                               WHERE keyed AND qs.concurrency_key IS NOT NULL) f ON true
+                         WHERE q.outcome = 'queued'
+                           AND q.run_id IN (SELECT c.run_id FROM pgsched._claimable_scope_runs c
+                                             WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules))
+                           AND (qs.concurrency_key IS NULL OR f.free > 0)
+                         ORDER BY q.plan_time, q.run_id
+                         LIMIT greatest(cardinality(worker_pids) - (SELECT count(*) FROM due), 0)
+                           -- qs too: the job's row is updated below, and a close on another
+                           -- instance that holds it may be waiting for this claim's lock.
+                           FOR UPDATE OF q, qs SKIP LOCKED) q) q
+         WHERE q.concurrency_key IS NULL OR q.key_rank <= q.free
     ), runs AS (
         INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
-                                          instance_id, lease_token, heartbeat_at, jitter)
+                                          instance_id, lease_token, heartbeat_at, jitter, concurrency_key)
         SELECT d.job_id, d.plan_time,
                CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
                greatest(_claim_v2.now, d.next_start + d.jitter_us * interval '1 microsecond'),
                worker_pids[d.n], backend_pids[d.n], instance_id,
                nextval('pgsched.lease_token_seq'), _claim_v2.now,
-               CASE WHEN d.jitter_us > 0 THEN d.jitter_us * interval '1 microsecond' END
+               CASE WHEN d.jitter_us > 0 THEN d.jitter_us * interval '1 microsecond' END, d.concurrency_key
           FROM due d
          ORDER BY d.n
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
@@ -181,7 +238,8 @@ BEGIN
         UPDATE pgsched.job_run r
            SET outcome = 'running', started_at = _claim_v2.now, worker_pid = worker_pids[q.n],
                backend_pid = backend_pids[q.n], instance_id = _claim_v2.instance_id,
-               lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim_v2.now
+               lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim_v2.now,
+               concurrency_key = q.concurrency_key
           FROM queued q
          WHERE r.run_id = q.run_id
         RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
@@ -216,14 +274,20 @@ BEGIN
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            -- When the next job not claimed here is due, so the scheduler needs no
-           -- separate query to know how long to sleep (evaluated once, on the index).
+           -- separate query to know how long to sleep (evaluated once, on the index); a due job
+           -- whose key was full before this claim is passed over, as _next_due does.
            (SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
               FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
              WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
                AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
                AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
+               AND (s2.concurrency_key IS NULL
+                    OR pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us)
+                       > pg_catalog.timezone('UTC', _claim_v2.now)
+                    OR s2.concurrency_key NOT IN (SELECT unnest(pgsched._full_keys())))
              ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
-           clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s
+           clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
+           v.concurrency_key
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -289,15 +353,24 @@ CREATE OR REPLACE FUNCTION pgsched._next_due(code_modules text[] DEFAULT '{}', n
 RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
 LANGUAGE sql STABLE ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
-    -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not.
+    -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not. A due job
+    -- waiting for its concurrency key is passed over (one not yet due is not: its instant is a
+    -- wake-up like any other): the end of a run that frees the key wakes the schedulers when a
+    -- job waits for it (pgsched._end_runs), and they ask again.
     SELECT least((SELECT pg_catalog.timezone('UTC', pgsched._due_at(s.job_id, s.next_start, s.jitter_us))
                     FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                    WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
                      AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
+                     AND (s.concurrency_key IS NULL
+                          OR pgsched._due_at(s.job_id, s.next_start, s.jitter_us) > pg_catalog.timezone('UTC', _next_due.now)
+                          OR s.concurrency_key NOT IN (SELECT unnest(pgsched._full_keys())))
                    ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us) LIMIT 1),
                  -- Claimable queued scope runs are due now.
                  (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
-                   WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules) LIMIT 1)),
+                    JOIN pgsched.job_stat s ON s.job_id = c.job_id
+                   WHERE (c.kind <> 'python' OR c.code_module = ANY (code_modules))
+                     AND (s.concurrency_key IS NULL OR s.concurrency_key NOT IN (SELECT unnest(pgsched._full_keys())))
+                   LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
                       AND j.schedule <> '@restart'),
@@ -507,7 +580,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
-           v.jitter_s
+           v.jitter_s, v.concurrency_key
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 

@@ -7,8 +7,9 @@ DO $gen$
 DECLARE
     marker constant text := 'pgsched API wrapper';
     api_functions constant text[] := ARRAY['add_job', 'alter_job', 'delete_job', 'run_job', 'schedule',
-                                           'unschedule', 'next_runs', 'trigger_job', 'cancel_job'];
-    api_views constant text[] := ARRAY['jobs', 'job_stats', 'job_history'];
+                                           'unschedule', 'next_runs', 'trigger_job', 'cancel_job',
+                                           'set_concurrency_limit'];
+    api_views constant text[] := ARRAY['jobs', 'job_stats', 'job_history', 'concurrency_limits'];
     p record;
     v text;
     call_args text;

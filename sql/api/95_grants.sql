@@ -16,7 +16,7 @@ DECLARE
     public_api constant text[] := ARRAY[
         -- the API (also reachable unqualified through the public wrappers)
         'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs', 'trigger_job',
-        'cancel_job',
+        'cancel_job', 'set_concurrency_limit',
         'plpython_available',
         -- what the API calls as the invoker
         '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',
@@ -40,6 +40,9 @@ DECLARE
         -- the expressions of job_stat's claim indexes (migration 0010), evaluated for whoever writes
         -- job_stat, and read by job_stats
         '_start_key', '_due_at', '_jitter_us',
+        -- a concurrency key's limit and wait, read by job_stats and concurrency_limits (25_concurrency.sql);
+        -- _key_running is SECURITY DEFINER and returns a count only
+        '_key_limit', '_key_default_limit', '_key_running', '_key_wait',
         -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check
         -- it before anything else, as whichever role runs them
         '_api'];

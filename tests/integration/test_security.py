@@ -561,3 +561,29 @@ def test_a_superuser_install_is_as_usable_by_an_ordinary_role(pg_server: PgServe
             assert sqlstate_of(al, "SELECT add_job('public.job_ok', '0 0 31 2 *')") == "22023"
         al.execute("CALL run_job(%s)", (j,))
         assert scalar(al, "SELECT count(*) FROM job_history") == 1
+
+
+def test_only_the_catalogs_administrators_set_concurrency_limits_and_a_shared_key_waits_across_owners(
+        s: Sessions) -> None:
+    """A key is shared by every owner's jobs, so its limit is the database's setting; a job waits for
+    another owner's run of its key and says so, without showing that run."""
+    before = rows(s.admin, "SELECT * FROM pgsched.concurrency_limit")
+    e = error_of(s.alice, "SELECT pgsched.set_concurrency_limit('shared', 5)")
+    assert e.sqlstate == "42501" and "concurrency limit of 'shared'" in str(e), str(e)
+    assert rows(s.admin, "SELECT * FROM pgsched.concurrency_limit") == before
+    try:
+        s.scheduler.execute("SELECT pgsched.set_concurrency_limit('shared', 1)")
+        b = scalar(s.bob, "SELECT pgsched.add_job('public.job_ok', '1 hour', concurrency_key => 'shared')")
+        a = scalar(s.alice, "SELECT pgsched.add_job('public.job_ok', '1 hour', concurrency_key => 'shared')")
+        s.admin.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 minute' "
+                        "WHERE job_id IN (%s, %s)", (a, b))
+        me = scalar(s.scheduler, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4)")
+        [run] = rows(s.scheduler, "SELECT job_id FROM pgsched._claim_v2(%s, '{1,2}', '{0,0}')", (me,))
+        assert run["job_id"] == b  # the older job first; alice's waits
+        assert rows(s.alice, "SELECT job_id, waiting_for FROM pgsched.job_stats") == [
+            {"job_id": a, "waiting_for": "concurrency limit of 'shared': 1 of 1 running"}]
+        assert rows(s.alice, "SELECT concurrency_key, running, jobs, waiting FROM pgsched.concurrency_limits") == [
+            {"concurrency_key": "shared", "running": 1, "jobs": 1, "waiting": 1}]
+        assert ids(s.alice, "pgsched.job_history") == set()  # bob's run is counted, not shown
+    finally:
+        s.scheduler.execute("SELECT pgsched.set_concurrency_limit('shared', NULL)")

@@ -126,6 +126,10 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "jitter": "soon"}, "invalid jitter: 'soon' is not an interval"),
     ({"every": "1 minute", "jitter": None}, "jitter must be a duration"),
     ({"every": "1 minute", "jitter": 30}, "jitter must be a duration"),
+    ({"every": "1 minute", "concurrency_key": ""}, "concurrency_key must be a name of 1 to 200 characters"),
+    ({"every": "1 minute", "concurrency_key": "  "}, "concurrency_key must be a name of 1 to 200 characters"),
+    ({"every": "1 minute", "concurrency_key": "k" * 201}, "concurrency_key must be a name of 1 to 200 characters"),
+    ({"every": "1 minute", "concurrency_key": 7}, "concurrency_key must be a name of 1 to 200 characters"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
@@ -216,3 +220,10 @@ def test_jitter_is_declared_as_add_job_reads_it(given: str | timedelta | None, s
         pgsched.job(every="1 minute", name="spread", jitter=given)(spread)
 
     assert app.REGISTRY["spread"].catalog_row()["jitter"] == stored
+
+
+def test_a_concurrency_key_is_declared_as_written() -> None:
+    def heavy(run: pgsched.Run) -> None: ...
+
+    pgsched.job(every="1 minute", name="heavy", concurrency_key="nightly-heavy")(heavy)
+    assert app.REGISTRY["heavy"].catalog_row()["concurrency_key"] == "nightly-heavy"

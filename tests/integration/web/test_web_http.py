@@ -227,6 +227,22 @@ def test_a_jobs_page_shows_its_jitter_and_next_due(webdb: WebDb, wadmin: Conn, c
     assert f'<td id="jitter">up to 0:10:00 (next due {due:%Y-%m-%d %H:%M:%S})</td>' in page, page
 
 
+def test_a_jobs_page_shows_its_concurrency_key_and_what_it_waits_for(webdb: WebDb, wadmin: Conn,
+                                                                      client: TestClient) -> None:
+    j = schedule_as(webdb, webdb.odb.alice, "keyed", every="1 hour")
+    wadmin.execute("SELECT pgsched.alter_job(%s, concurrency_key => 'heavy')", (j,))
+    sign_in(client, webdb.odb.alice)
+    assert '<td id="concurrency"><code>heavy</code></td>' in client.get(f"/jobs/{j}").text
+    wadmin.execute("SELECT pgsched.set_concurrency_limit('heavy', 0)")
+    try:
+        wadmin.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 minute' WHERE job_id = %s", (j,))
+        page = client.get(f"/jobs/{j}").text
+        assert ('<td id="concurrency"><code>heavy</code> &mdash; waiting: concurrency limit of &#39;heavy&#39;: '
+                '0 of 0 running</td>') in page, page
+    finally:
+        wadmin.execute("SELECT pgsched.set_concurrency_limit('heavy', NULL)")
+
+
 def test_the_timeline_draws_one_bar_per_run(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
     a = schedule_as(webdb, webdb.odb.alice, "tl-a")
     b = schedule_as(webdb, webdb.odb.alice, "tl-b")
