@@ -4,12 +4,13 @@ lost); `pgsched limits` and `pgsched jobs` show the key and the wait."""
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from datetime import datetime
 
 from tests.acceptance.conftest import ServeFactory, query, wait_for
 from tests.acceptance.test_ops_cli import cli, execute, ok_json
-from tests.acceptance.test_serve import FAST, SETUP_SQL, add_job
+from tests.acceptance.test_serve import FAST, SETUP_SQL, add_job, running_run, wait_outcome
 
 
 def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
@@ -54,3 +55,25 @@ def test_a_key_limits_runs_across_two_instances_and_held_runs_still_run(db: str,
     assert {jobs[j]["concurrency_key"] for j in heavy} == {"heavy"}
     table = cli("limits", "--dsn", db)
     assert table.returncode == 0 and "heavy" in table.stdout, table.stdout + table.stderr
+
+
+def test_a_key_held_by_a_killed_scheduler_is_freed_when_its_run_is_found_crashed(
+        db: str, serve: ServeFactory) -> None:
+    """kill -9 of the instance whose run holds the key: the key stays held (the run may still be
+    running, for all anyone knows) until the next instance finds the run crashed; then the job
+    that waited for the key runs."""
+    execute(db, SETUP_SQL)
+    holder = add_job(db, "'sleeper', '1 hour', config => '{\"s\": 30}', concurrency_key => 'solo'")
+    first = serve(db, "--crash-wait", "60", "--shutdown-timeout", "1")
+    run = running_run(db, holder)
+    waiter = add_job(db, "'tick', '1 hour', concurrency_key => 'solo'")
+    wait_for(lambda: query(db, "SELECT waiting_for FROM pgsched.job_stats WHERE job_id = %s", (waiter,))[0]
+             ["waiting_for"] == "concurrency limit of 'solo': 1 of 1 running", 5, "the waiter to wait for the key")
+    first.signal(signal.SIGKILL)
+    first.wait_exit(5)
+    serve(db, "--crash-wait", "60", "--shutdown-timeout", "1")
+    assert wait_outcome(db, run["run_id"], 10)["outcome"] == "crash"
+    wait_for(lambda: query(db, "SELECT count(*) AS n FROM public.ran WHERE job_id = %s", (waiter,))[0]["n"] == 1,
+             10, "the waiter to run once the key is free")
+    # the crashed holder waits out --crash-wait; nothing else holds the key
+    assert query(db, "SELECT running FROM pgsched.concurrency_limits")[0]["running"] == 0
