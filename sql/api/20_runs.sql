@@ -231,16 +231,22 @@ BEGIN
     -- instance (README "Concurrency limits"). Only when the key was full before this close and
     -- one waits (a due job, or a queued scope run, with the key): a NOTIFY per run would
     -- serialise commits on the notify queue's lock, and wakes every instance.
-    IF keys_freed <> '{}'
-       AND EXISTS (SELECT 1 FROM (SELECT k, count(*) AS n FROM unnest(keys_freed) AS k GROUP BY k) f
-                    WHERE pgsched._key_running(f.k) + f.n >= pgsched._key_limit(f.k)
-                      AND (EXISTS (SELECT 1 FROM pgsched.job_stat w
-                                    WHERE w.state = 'scheduled' AND w.concurrency_key = f.k
-                                      AND pgsched._due_at(w.job_id, w.next_start, w.jitter_us)
-                                          <= pg_catalog.timezone('UTC', pg_catalog.now()))
-                           OR EXISTS (SELECT 1 FROM pgsched.job_run q JOIN pgsched.job_stat w ON w.job_id = q.job_id
-                                       WHERE q.outcome = 'queued' AND w.concurrency_key = f.k))) THEN
-        PERFORM pg_catalog.pg_notify('pgsched_catalog', 'concurrency_key:free');
+    IF keys_freed <> '{}' THEN
+        -- The keys that were full before this close: their free places now, less the ones this
+        -- close freed, are none.
+        SELECT coalesce(array_agg(f.k), '{}') INTO keys_freed
+          FROM (SELECT k, count(*) AS n FROM unnest(keys_freed) AS k GROUP BY k) f
+          LEFT JOIN pgsched._key_room kr ON kr.concurrency_key = f.k
+         WHERE coalesce(kr.free, pgsched._key_default_limit()) - f.n <= 0;
+        IF keys_freed <> '{}'
+           AND (EXISTS (SELECT 1 FROM pgsched.job_stat w
+                         WHERE w.state = 'scheduled' AND w.concurrency_key = ANY (keys_freed)
+                           AND pgsched._due_at(w.job_id, w.next_start, w.jitter_us)
+                               <= pg_catalog.timezone('UTC', pg_catalog.now()))
+                OR EXISTS (SELECT 1 FROM pgsched.job_run q JOIN pgsched.job_stat w ON w.job_id = q.job_id
+                            WHERE q.outcome = 'queued' AND w.concurrency_key = ANY (keys_freed))) THEN
+            PERFORM pg_catalog.pg_notify('pgsched_catalog', 'concurrency_key:free');
+        END IF;
     END IF;
     IF disable <> '{}' THEN
         -- After the statement above: pausing the job fires its trigger, which writes job_stat too.

@@ -28,20 +28,20 @@ SET search_path = pg_catalog, pg_temp AS $$
      WHERE r.outcome = 'running' AND r.concurrency_key = _key_running.concurrency_key
 $$;
 
--- The keys at their limit now: what the scheduler's sleep passes over (_next_due), computed once
--- per question from the running runs (few) rather than per job it walks.
-CREATE OR REPLACE FUNCTION pgsched._full_keys()
-RETURNS text[] LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT coalesce(array_agg(k.concurrency_key), '{}')
-      FROM (SELECT r.concurrency_key
-              FROM pgsched.job_run r
-             WHERE r.outcome = 'running' AND r.concurrency_key IS NOT NULL
-             GROUP BY r.concurrency_key
-            HAVING count(*) >= pgsched._key_limit(r.concurrency_key)
-            UNION
-            SELECT l.concurrency_key FROM pgsched.concurrency_limit l WHERE l.max_running = 0) k
-$$;
+-- Each key's free places now (its limit less the runs holding it; 0 or less: full), for the keys
+-- with a limit row or a run holding them: any other key has the default limit and no run. The
+-- scheduler's questions read it (the claim, its sleep, the close's wake-up): a view, so that it
+-- is inlined into their cached plans, where a function would be planned again on every call.
+-- Not granted: it counts every owner's runs.
+CREATE OR REPLACE VIEW pgsched._key_room AS
+SELECT coalesce(l.concurrency_key, b.concurrency_key) AS concurrency_key,
+       coalesce(l.max_running, pgsched._key_default_limit()) - coalesce(b.n, 0) AS free
+  FROM pgsched.concurrency_limit l
+  FULL JOIN (SELECT r.concurrency_key, count(*) AS n
+               FROM pgsched.job_run r
+              WHERE r.outcome = 'running' AND r.concurrency_key IS NOT NULL
+              GROUP BY r.concurrency_key) b ON b.concurrency_key = l.concurrency_key;
+REVOKE ALL ON pgsched._key_room FROM PUBLIC;
 
 -- Why a job whose plan is due does not start, if its key is the reason (job_stats.waiting_for).
 CREATE OR REPLACE FUNCTION pgsched._key_wait(concurrency_key text)

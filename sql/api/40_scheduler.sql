@@ -152,15 +152,9 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH room AS (
-        -- Each key's free places before this claim, for the keys with a limit or a run holding them
-        -- (the others have the default limit and no run). Read only when a keyed job is due.
-        SELECT coalesce(l.concurrency_key, b.concurrency_key) AS concurrency_key,
-               coalesce(l.max_running, pgsched._key_default_limit()) - coalesce(b.n, 0) AS free
-          FROM pgsched.concurrency_limit l
-          FULL JOIN (SELECT r.concurrency_key, count(*) AS n
-                       FROM pgsched.job_run r
-                      WHERE r.outcome = 'running' AND r.concurrency_key IS NOT NULL
-                      GROUP BY r.concurrency_key) b ON b.concurrency_key = l.concurrency_key
+        -- Each key's free places before this claim (25_concurrency.sql). Read only when a keyed
+        -- job is due.
+        SELECT k.concurrency_key, k.free FROM pgsched._key_room k
     ), cand AS (
         -- Due jobs in claim order; a keyed one only where its key has room before this claim (and
         -- only by a claim that holds the lock).
@@ -284,7 +278,7 @@ BEGIN
                AND (s2.concurrency_key IS NULL
                     OR pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us)
                        > pg_catalog.timezone('UTC', _claim_v2.now)
-                    OR s2.concurrency_key NOT IN (SELECT unnest(pgsched._full_keys())))
+                    OR s2.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
              ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
            clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
            v.concurrency_key
@@ -363,13 +357,16 @@ SET search_path = pg_catalog, pg_temp AS $$
                      AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
                      AND (s.concurrency_key IS NULL
                           OR pgsched._due_at(s.job_id, s.next_start, s.jitter_us) > pg_catalog.timezone('UTC', _next_due.now)
-                          OR s.concurrency_key NOT IN (SELECT unnest(pgsched._full_keys())))
+                          OR s.concurrency_key NOT IN (SELECT k.concurrency_key FROM pgsched._key_room k
+                                                        WHERE k.free <= 0))
                    ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us) LIMIT 1),
                  -- Claimable queued scope runs are due now.
                  (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
                     JOIN pgsched.job_stat s ON s.job_id = c.job_id
                    WHERE (c.kind <> 'python' OR c.code_module = ANY (code_modules))
-                     AND (s.concurrency_key IS NULL OR s.concurrency_key NOT IN (SELECT unnest(pgsched._full_keys())))
+                     AND (s.concurrency_key IS NULL
+                          OR s.concurrency_key NOT IN (SELECT k.concurrency_key FROM pgsched._key_room k
+                                                        WHERE k.free <= 0))
                    LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
