@@ -186,7 +186,9 @@ def test_jobs_search_sort_and_pages(webdb: WebDb, wadmin: Conn, client: TestClie
     assert client.get("/jobs?page=2").text.count('<tr class="job"') == 11
     found = client.get("/jobs", params={"q": "100%"}).text
     assert found.count('<tr class="job"') == 1 and "daily at 02:30" in found
-    assert client.get("/jobs", params={"q": "_5"}).text.count('<tr class="job"') == 0  # wildcards are literal
+    # wildcards are literal: as a pattern "job_0" would match job-00..job-09 (and "_5" the owner
+    # alice_<hex> whenever the hex starts with 5)
+    assert client.get("/jobs", params={"q": "job_0"}).text.count('<tr class="job"') == 0
     desc = client.get("/jobs", params={"sort": "name", "dir": "desc"}).text
     names = re.findall(r'<a href="/jobs/\d+">([^<]+)</a>', desc)
     assert names[:2] == ["nightly_100%", "job-59"]
