@@ -11,15 +11,7 @@ from datetime import datetime
 from tests.acceptance.conftest import ServeFactory, query, wait_for
 from tests.acceptance.test_ops_cli import cli, execute, ok_json
 from tests.acceptance.test_serve import FAST, SETUP_SQL, add_job, running_run, wait_outcome
-
-
-def most_at_once(spans: list[tuple[datetime, datetime]]) -> int:
-    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
-    most = now = 0
-    for _, d in events:
-        now += d
-        most = max(most, now)
-    return most
+from tests.integration.test_concurrency import overlap
 
 
 def test_a_key_limits_runs_across_two_instances_and_held_runs_still_run(db: str, serve: ServeFactory) -> None:
@@ -42,7 +34,7 @@ def test_a_key_limits_runs_across_two_instances_and_held_runs_still_run(db: str,
     runs = wait_for(enough, 40, "every heavy job run twice")
     spans = [(r["started_at"], r["finished_at"]) for r in runs]
     assert isinstance(spans[0][0], datetime)
-    assert most_at_once(spans) == 1, sorted(spans)  # type: ignore[arg-type]
+    assert overlap(spans) == 1, sorted(spans)  # type: ignore[arg-type]
     # nothing failed or crashed; the job without a key was never held back (about one run a second)
     assert query(db, "SELECT count(*) AS n FROM pgsched.job_run WHERE outcome NOT IN ('success', 'running', "
                      "'skipped', 'missed')")[0]["n"] == 0
