@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -114,6 +114,7 @@ class JobSpec:
     exclude: str | None = None
     jitter: str = "00:00:00"
     concurrency_key: str | None = None
+    depends_on: tuple[str, ...] | None = None  # job names or ids (README "Dependencies")
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -126,6 +127,7 @@ class JobSpec:
             "schedule_delay": self.schedule_delay, "allow_stale_reentry": self.allow_stale_reentry,
             "scope_query": self.scope_query, "database": self.database, "priority": self.priority,
             "exclude": self.exclude, "jitter": self.jitter, "concurrency_key": self.concurrency_key,
+            "depends_on": list(self.depends_on) if self.depends_on is not None else None,
         }
 
 
@@ -139,9 +141,42 @@ def forget(module: str) -> None:
 
 
 def registered(modules: list[str] | None = None) -> list[JobSpec]:
-    """The declared jobs (of the given modules), in a stable order."""
-    specs = [s for s in REGISTRY.values() if modules is None or s.module in modules]
-    return sorted(specs, key=lambda s: s.name)
+    """The declared jobs (of the given modules), in a stable order: by name, except that a job comes
+    after the jobs among them it depends on (the deploy resolves each job's upstreams by name)."""
+    specs = sorted((s for s in REGISTRY.values() if modules is None or s.module in modules), key=lambda s: s.name)
+    names = {s.name for s in specs}
+    placed: set[str] = set()
+    ordered: list[JobSpec] = []
+    while len(ordered) < len(specs):
+        ready = [s for s in specs if s.name not in placed
+                 and all(u in placed or u not in names for u in s.depends_on or ())]
+        if not ready:  # a cycle among them: the deploy refuses it, naming the job
+            ready = [s for s in specs if s.name not in placed]
+        ordered.append(ready[0])
+        placed.add(ready[0].name)
+    return ordered
+
+
+def _upstreams(after: object, fn: str) -> tuple[str, ...] | None:
+    """after= as the names (or ids) the deploy resolves: a handler is named by its job's name."""
+    if after is None:
+        return None
+    form = ("a list of 1 to 100 jobs: job names, job ids, or handlers declared with @pgsched.job "
+            "(such as after=[nightly_rollup] or after=['nightly_rollup'])")
+    if isinstance(after, str | bytes) or not isinstance(after, Sequence) or not 1 <= len(after) <= 100:
+        raise JobDeclarationError(f"{fn}: after must be {form}, not {after!r}")
+    out: list[str] = []
+    for u in after:
+        if isinstance(u, str) and u.strip():
+            out.append(u)
+        elif isinstance(u, int) and not isinstance(u, bool) and 0 < u <= _MAX_INT4:
+            out.append(str(u))
+        elif callable(u) and (spec := next((s for s in REGISTRY.values() if s.handler is u), None)) is not None:
+            out.append(spec.name)
+        else:
+            raise JobDeclarationError(f"{fn}: after must be {form}; {u!r} is none of these (declare a handler "
+                                      "with @pgsched.job before naming it)")
+    return tuple(out)
 
 
 def _interval(value: object, what: str, fn: str, form: str) -> schedule.Interval:
@@ -216,8 +251,10 @@ def job(
     exclude: str | None = None,
     jitter: str | timedelta = NO_DELAY,
     concurrency_key: str | None = None,
+    after: Sequence[str | int | Callable[..., Any]] | None = None,
 ) -> Callable[[F], F]:
-    """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression.
+    """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression, or
+    `after=` the jobs it runs after (their names, ids, or handlers declared with @pgsched.job).
 
     The other settings are those of add_job. The job's name is the function's
     qualified name (module.function) unless `name=` is given; it must be stable.
@@ -228,16 +265,22 @@ def job(
     `exclude=` (a 5-field cron expression) names minutes in which a planned start is skipped.
     `jitter=` delays each planned start by a pseudo-random amount below it, the same on every instance.
     `concurrency_key=` limits how many runs of the jobs sharing it run at once, over every instance.
+    `after=` without a schedule: the job runs once each time all of those jobs have succeeded since its
+    last run; with one, its planned runs are skipped until they have (README "Dependencies").
     """
 
     def declare(func: F) -> F:
         fn = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
         _check_signature(func, fn)
-        if (every is None) == (cron is None):
-            raise JobDeclarationError(f"{fn}: give exactly one of every= (an interval) or cron= (an expression)")
+        upstreams = _upstreams(after, fn)
+        if (every is not None and cron is not None) or (every is None and cron is None and upstreams is None):
+            raise JobDeclarationError(f"{fn}: give exactly one of every= (an interval) or cron= (an expression), "
+                                      "or after= (the jobs it runs after)")
         try:
             tz = schedule.zone(timezone)
-            if cron is not None:
+            if every is None and cron is None:
+                text = schedule.AFTER
+            elif cron is not None:
                 parsed = schedule.parse_cron(cron)
                 text = parsed.expr
             else:
@@ -313,7 +356,7 @@ def job(
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
             allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
             priority=priority, exclude=" ".join(exclude.split()) if exclude else None, jitter=str(spread),
-            concurrency_key=concurrency_key,
+            concurrency_key=concurrency_key, depends_on=upstreams,
         )
         return func
 

@@ -108,6 +108,12 @@ class Dispatch(LoopState):
                 and exclusion.excluded(job.exclude, job.schedule.tz, run.plan_time)):
             self._skip_excluded(run)
             return
+        # A scheduled dependent (an @after one's runs are queued only once its upstreams succeeded).
+        if job.depends_on and not job.schedule.by_database and not run.scope and not run.manual:
+            why = self._upstreams_wait(run)
+            if why is not None:
+                self._skip_waiting(run, why)
+                return
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   "the job's owner role no longer exists: delete the job or give it a new owner")
@@ -172,6 +178,32 @@ class Dispatch(LoopState):
         self.pending.append(Finish(
             run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
             finished_at=now, disable_reason=end.disable_reason, excluded=count,
+            lease_token=run.lease_token, schedule_delay=job.schedule_delay.total_seconds()))
+        if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
+            self.next_due = end.next_start
+
+    def _upstreams_wait(self, run: Run) -> str | None:
+        """What a scheduled dependent's plan waits for (None: it may run, its upstreams' success taken)."""
+        assert self.store is not None
+        try:
+            return self.store.take_upstreams(run.run_id)
+        except psycopg.Error as e:
+            # Not run on a guess: skipped, and written once the connection is back (self.pending).
+            log.error("run %s of job %s: cannot read its upstream jobs: %s", run.run_id, run.job.job_id, first_line(e))
+            return f"its upstream jobs could not be read ({first_line(e)})"
+
+    def _skip_waiting(self, run: Run, why: str) -> None:
+        """A scheduled dependent's plan whose upstreams have not all succeeded since its previous run:
+        closed as skipped with the reason (its worker stays idle), and the job planned as after a run."""
+        job = run.job
+        now = self.clock.now()
+        end = end_of_run(job, outcome=Outcome.SUCCESS, plan_time=run.plan_time, finish=now,
+                         consecutive_failures=0, consecutive_crashes=0, message=None, rng=self.rng)
+        message = f"plan skipped: {why}"
+        log.info("run skipped job=%s run=%s plan=%s: %s", job.job_id, run.run_id, run.plan_time.isoformat(), message)
+        self.pending.append(Finish(
+            run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
+            finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped,
             lease_token=run.lease_token, schedule_delay=job.schedule_delay.total_seconds()))
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start

@@ -49,6 +49,7 @@ class JobSettings:
     exclude: str | None = None  # minutes not to run in, a 5-field cron (pgsched/exclusion.py)
     jitter: timedelta = timedelta(0)  # each planned start is delayed by up to this (README "Jitter")
     concurrency_key: str | None = None  # runs sharing it are limited over every instance (README "Concurrency limits")
+    depends_on: list[int] | None = None  # the ids of the jobs it runs after (README "Dependencies")
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:
@@ -97,6 +98,7 @@ class Job:
     scope_query: str | None = None  # a scoped job: each plan runs once per key this query returns
     database: str | None = None  # its runs' sessions open in this database; None: the scheduler's own
     exclude: Cron | None = None  # its exclusion window: plans in these minutes are skipped
+    depends_on: tuple[int, ...] = ()  # its upstream jobs: a scheduled plan runs only after they succeeded
 
 
 @dataclass

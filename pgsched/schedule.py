@@ -62,6 +62,7 @@ __all__ = [
     "cron_next_n",
     "eligible_at",
     "first_start",
+    "is_after",
     "is_restart",
     "looks_like_cron",
     "next_after_crash",
@@ -216,6 +217,7 @@ def add_interval(t: datetime, iv: Interval, tz: ZoneInfo, k: int = 1) -> datetim
 
 
 RESTART = "@restart"
+AFTER = "@after"
 
 
 def is_restart(text: str) -> bool:
@@ -223,13 +225,20 @@ def is_restart(text: str) -> bool:
     return text.strip() == RESTART
 
 
+def is_after(text: str) -> bool:
+    """Whether a schedule's text is @after: the job runs after its upstream jobs (README "Dependencies")."""
+    return text.strip() == AFTER
+
+
 @dataclass(frozen=True)
 class Schedule:
-    """When a job runs: exactly one of ``interval`` and ``cron``, or neither for ``restart``.
+    """When a job runs: exactly one of ``interval`` and ``cron``, or neither for ``by_database``.
 
-    ``restart`` is pg_cron's @restart: one run each time the server starts, planned by the
-    database (pgsched._arm_restart_jobs), never by the functions of this module, which do not
-    take such a schedule (pgsched.state.end_of_run and after_crash keep its next start).
+    ``by_database``: the job has no times of its own; the database plans its runs, never the
+    functions of this module, which do not take such a schedule (pgsched.state.end_of_run and
+    after_crash keep its next start). That is pg_cron's @restart (one run each time the server
+    starts: pgsched._arm_restart_jobs) and @after (a run after its upstream jobs succeeded:
+    sql/api/07_dependencies.sql).
     """
 
     interval: Interval | None
@@ -237,12 +246,12 @@ class Schedule:
     fixed: bool = True  # ignored for cron, which is always aligned
     origin: datetime | None = None  # initial_start: alignment origin of fixed interval schedules
     tz: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
-    restart: bool = False
+    by_database: bool = False
 
     def __post_init__(self) -> None:
-        if self.restart and (self.interval, self.cron) != (None, None):
-            raise ValueError("a restart Schedule has neither interval nor cron")
-        if not self.restart and (self.interval is None) == (self.cron is None):
+        if self.by_database and (self.interval, self.cron) != (None, None):
+            raise ValueError("a by_database Schedule has neither interval nor cron")
+        if not self.by_database and (self.interval is None) == (self.cron is None):
             raise ValueError("a Schedule needs exactly one of interval and cron")
         if self.interval is not None:
             check_interval(self.interval, fixed=self.fixed)

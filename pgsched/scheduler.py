@@ -178,7 +178,7 @@ class Scheduler(Requests):
         assert self.store is not None
         changes = []
         for b in self.store.behind(timedelta(seconds=CATCH_UP_LATE)):
-            if b.schedule is None or b.schedule.restart:
+            if b.schedule is None or b.schedule.by_database:
                 continue
             # Lateness counts from when the plan became due, its jitter included: a plan of a
             # catch_up = 'none' job that waited for its jitter is not late for that.

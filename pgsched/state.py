@@ -129,9 +129,10 @@ def end_of_run(
     finish - delay, and the next start is the next plan + delay.
     """
     delay = job.schedule_delay
-    if job.schedule.restart:
-        # Its one plan is the server's start: no next start until the server starts again
-        # (pgsched._arm_restart_jobs). The stored one is kept; the claim passes over it.
+    if job.schedule.by_database:
+        # @restart: its one plan is the server's start, no next start until the server starts again
+        # (pgsched._arm_restart_jobs); @after: its runs are queued by its upstreams' success
+        # (sql/api/07_dependencies.sql). Neither retries. The stored start is kept; the claim passes over it.
         return RunEnd(outcome, None, JobState.SCHEDULED)
     if outcome is Outcome.SKIPPED:
         return _past_window(job, plan_time=plan_time, finish=schedule.plan_of(finish, delay))
@@ -161,7 +162,7 @@ def _past_window(job: Job, *, plan_time: datetime, finish: datetime) -> RunEnd:
 def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, crashes: int,
                 retry_period: timedelta, rng: random.Random, delay: timedelta = timedelta(0)) -> RunEnd:
     """Next start of a run found crashed at `now` (crashes: the counter including this one)."""
-    if s.restart:
+    if s.by_database:
         return RunEnd(Outcome.CRASH, None, JobState.SCHEDULED)  # as end_of_run: no retry before a restart
     try:
         nxt = schedule.next_after_crash(s, plan_time=plan_time, now=schedule.plan_of(now, delay), crashes=crashes,

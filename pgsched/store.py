@@ -52,8 +52,9 @@ def schedule_from_row(row: dict[str, Any]) -> Schedule:
     """A Schedule from catalog columns; ScheduleError if the row is not a valid schedule."""
     tz = schedule.zone(row["timezone"])
     months = row["months"]
-    if months is None and schedule.is_restart(row["schedule"] or ""):
-        return Schedule(interval=None, cron=None, tz=tz, restart=True)
+    text = row["schedule"] or ""
+    if months is None and (schedule.is_restart(text) or schedule.is_after(text)):
+        return Schedule(interval=None, cron=None, tz=tz, by_database=True)
     if months is None:
         if not schedule.looks_like_cron(row["schedule"] or ""):
             raise schedule.ScheduleError(
@@ -455,6 +456,12 @@ class Store:
         row = self._execute("SELECT pg_cancel_backend(%s) AS ok", (pid,)).fetchone()
         return bool(row and row["ok"])
 
+    def take_upstreams(self, run_id: int) -> str | None:
+        """A scheduled dependent's run is starting: None (its upstreams' success consumed) when they all
+        succeeded since its previous run, else what it waits for (pgsched._take_upstreams)."""
+        row = self._execute("SELECT pgsched._take_upstreams(%s) AS why", (run_id,)).fetchone()
+        return None if row is None or row["why"] is None else str(row["why"])
+
     def terminate_run_backend(self, app: str) -> bool:
         """Terminate the backends still running the run whose application_name is `app`."""
         row = self._execute("SELECT pgsched._terminate_run_backend(%s) AS ok", (app,)).fetchone()
@@ -476,7 +483,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
         max_runtime=s.max_runtime, max_retries=s.max_retries, retry_period=s.retry_period,
         catch_up=Policy(s.catch_up, s.catch_up_window, s.max_plans_per_tick), schedule_delay=s.schedule_delay,
         allow_stale_reentry=s.allow_stale_reentry, scope_query=s.scope_query, database=s.database,
-        exclude=_window(s.exclude) if s.exclude else None,
+        exclude=_window(s.exclude) if s.exclude else None, depends_on=tuple(s.depends_on or ()),
     )
 
 

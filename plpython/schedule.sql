@@ -227,6 +227,10 @@ BEGIN
     END IF;
     -- The same recognition and checks as add_job; any positive interval can be previewed.
     iv := pgsched._parse_schedule(next_runs.schedule, false);
+    IF iv IS NULL AND pg_catalog.btrim(next_runs.schedule) IN ('@restart', '@after') THEN
+        PERFORM pgsched._bad_arg('schedule', format('%L has no start times to preview', btrim(next_runs.schedule)),
+                                 'an interval or a cron expression');
+    END IF;
     -- The time zone is checked by pgsched.schedule.zone (same error shape as add_job's):
     -- pgsched._check_timezone scans pg_timezone_names, ~25 ms a call. Only '' differs
     -- (zone() reads it as UTC, add_job refuses it), so that one goes to the SQL check.

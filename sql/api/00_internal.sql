@@ -138,14 +138,14 @@ DECLARE
         || '|[0-9]+:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)\s*,?';
     rest text;
     expected constant text := 'an interval such as ''5 minutes'' or ''1 month'', a cron expression such as '
-        || '''*/5 * * * *'' (5 fields; 6 or 7 with seconds first), or ''@restart''';
+        || '''*/5 * * * *'' (5 fields; 6 or 7 with seconds first), ''@restart'', or ''@after'' (with depends_on)';
 BEGIN
     IF schedule IS NULL THEN
         PERFORM pgsched._bad_arg('schedule', 'NULL', expected, '22004');
     END IF;
-    -- pg_cron's @restart: once each time the server starts (pgsched._arm_restart_jobs); like a
-    -- cron expression it has no interval.
-    IF btrim(schedule) = '@restart' THEN
+    -- pg_cron's @restart: once each time the server starts (pgsched._arm_restart_jobs); @after:
+    -- after the job's upstreams (07_dependencies.sql). Like a cron expression, neither has an interval.
+    IF btrim(schedule) IN ('@restart', '@after') THEN
         RETURN NULL;
     END IF;
     IF pgsched._is_cron(schedule) THEN
@@ -525,7 +525,8 @@ CREATE OR REPLACE TRIGGER job_stat_state_update BEFORE UPDATE OF state ON pgsche
 -- A job row always has its job_stat row, whether it came through add_job or
 -- direct DML; pausing and resuming are reflected in the state, and its priority, jitter and
 -- concurrency key are copied beside next_start, where the claim reads them (migrations 0008, 0010
--- and 0011).
+-- and 0011); its depends_on is kept in job_dependency, and pausing it disables its dependents
+-- (0012, 07_dependencies.sql).
 -- SECURITY DEFINER: other roles may not write job_stat (0002_security.sql), but
 -- their job's own row follows what they did to the job, which row-level
 -- security has already allowed. A trigger function cannot be called directly.
@@ -538,7 +539,11 @@ BEGIN
         VALUES (NEW.job_id, CASE WHEN NEW.scheduled THEN 'scheduled' ELSE 'disabled' END, NEW.priority,
                 (extract(epoch FROM NEW.jitter) * 1000000)::bigint, NEW.concurrency_key)
         ON CONFLICT (job_id) DO NOTHING;
+        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.depends_on, true);
         RETURN NULL;
+    END IF;
+    IF NEW.depends_on IS DISTINCT FROM OLD.depends_on THEN
+        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.depends_on, false);
     END IF;
     IF (NEW.priority, NEW.jitter, NEW.concurrency_key) IS DISTINCT FROM (OLD.priority, OLD.jitter, OLD.concurrency_key)
     THEN
@@ -562,14 +567,21 @@ BEGIN
         ELSE
             UPDATE pgsched.job_stat SET state = 'disabled'
              WHERE job_stat.job_id = NEW.job_id AND state = 'scheduled';
+            -- Its dependents cannot run without it (07_dependencies.sql).
+            IF EXISTS (SELECT 1 FROM pgsched.job_dependency e WHERE e.upstream_id = NEW.job_id) THEN
+                PERFORM pgsched._upstream_disabled(NEW.job_id, format(
+                    'upstream job %s (%s) is disabled%s: resume it, then this job', NEW.job_id, NEW.job_name,
+                    coalesce(' (' || (SELECT s.disabled_reason FROM pgsched.job_stat s WHERE s.job_id = NEW.job_id)
+                             || ')', ' (paused)')));
+            END IF;
         END IF;
     END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE OR REPLACE TRIGGER job_row_change AFTER INSERT OR UPDATE OF scheduled, priority, jitter, concurrency_key
-    ON pgsched.job
+CREATE OR REPLACE TRIGGER job_row_change
+    AFTER INSERT OR UPDATE OF scheduled, priority, jitter, concurrency_key, depends_on ON pgsched.job
     FOR EACH ROW EXECUTE FUNCTION pgsched._job_row_change();
 
 CREATE OR REPLACE FUNCTION pgsched._touch_updated_at()

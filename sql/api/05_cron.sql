@@ -425,8 +425,8 @@ BEGIN
         PERFORM pgsched._check_timezone(next_runs.timezone);
     END IF;
     IF iv IS NULL THEN
-        IF btrim(next_runs.schedule) = '@restart' THEN
-            PERFORM pgsched._bad_arg('schedule', '''@restart'' has no start times to preview',
+        IF btrim(next_runs.schedule) IN ('@restart', '@after') THEN
+            PERFORM pgsched._bad_arg('schedule', format('%L has no start times to preview', btrim(next_runs.schedule)),
                                      'an interval or a cron expression');
         END IF;
         RETURN QUERY SELECT u.t FROM unnest(pgsched._cron_next_n(btrim(next_runs.schedule), next_runs.timezone,

@@ -86,7 +86,17 @@ BEGIN
             || 'interval)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
-            || 'text, text, integer, text, interval)']
+            || 'text, text, integer, text, interval)',
+        -- with concurrency_key, before depends_on (migration 0012)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text, '
+            || 'interval, text)',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text, '
+            || 'interval, text)',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text, text, integer, text, interval, text)']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -135,7 +145,9 @@ SELECT pgsched._define_type('job_settings', $$
     priority            integer,     -- seconds of precedence among due jobs (README "Priority")
     exclude             text,        -- NULL, or a 5-field cron of minutes not to run in (README "Exclusion windows")
     jitter              interval,    -- each planned start is delayed by a pseudo-random part of it (README "Jitter")
-    concurrency_key     text         -- NULL, or a key whose runs are limited across instances (README "Concurrency limits")
+    concurrency_key     text,        -- NULL, or a key whose runs are limited across instances (README "Concurrency limits")
+    depends_on          integer[]    -- NULL, or the ids of the jobs it runs after (README "Dependencies"); the
+                                     -- API takes ids or names (pgsched._resolve_upstreams)
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -201,11 +213,12 @@ $$;
 
 -- The first time a job's plan becomes eligible: its first plan time (pgsched._first_start)
 -- + schedule_delay (pgsched._delayed). Every way of creating or rescheduling a job uses this.
--- An @restart job has none until the server next starts (pgsched._arm_restart_jobs).
+-- An @restart job has none until the server next starts (pgsched._arm_restart_jobs), an @after
+-- job none ever: its runs are queued by its upstreams' success (07_dependencies.sql).
 CREATE OR REPLACE FUNCTION pgsched._first_next_start(s pgsched.job_settings, iv interval)
 RETURNS timestamptz LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT CASE WHEN btrim(s.schedule) <> '@restart' THEN
+    SELECT CASE WHEN btrim(s.schedule) NOT IN ('@restart', '@after') THEN
         pgsched._delayed(pgsched._first_start(s.schedule, iv, s.fixed_schedule, s.initial_start, s.timezone),
                          s.schedule_delay) END
 $$;
@@ -295,8 +308,22 @@ BEGIN
     END IF;
     iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
     PERFORM pgsched._check_timezone(s.timezone);
-    IF iv IS NULL AND btrim(s.schedule) <> '@restart' THEN
+    IF iv IS NULL AND btrim(s.schedule) NOT IN ('@restart', '@after') THEN
         PERFORM pgsched._check_schedule_exact(s.schedule, s.timezone);
+    END IF;
+    IF btrim(s.schedule) = '@after' AND s.depends_on IS NULL THEN
+        PERFORM pgsched._bad_arg('schedule', '''@after'' without depends_on',
+                                 'an interval or a cron expression, or ''@after'' (or NULL in add_job) for a job that '
+                                 || 'runs after the jobs its depends_on names');
+    END IF;
+    IF btrim(s.schedule) = '@restart' AND s.depends_on IS NOT NULL THEN
+        PERFORM pgsched._bad_arg('depends_on', 'given with schedule ''@restart''',
+                                 'NULL for an @restart job (it runs when the server starts), or, with another '
+                                 || 'schedule, ' || pgsched._depends_form());
+    END IF;
+    IF s.depends_on IS NOT NULL AND (cardinality(s.depends_on) NOT BETWEEN 1 AND 100
+                                     OR array_position(s.depends_on, NULL) IS NOT NULL) THEN
+        PERFORM pgsched._bad_arg('depends_on', format('%s', s.depends_on), pgsched._depends_form());
     END IF;
     IF s.max_runtime IS NOT NULL AND s.max_runtime <= interval '0' THEN
         PERFORM pgsched._bad_arg('max_runtime', format('%s is not positive', s.max_runtime),
@@ -447,6 +474,10 @@ DECLARE
     id integer;
 BEGIN
     PERFORM pgsched._check_owner_can_login();
+    -- A job with upstreams and no schedule runs after them.
+    IF s.schedule IS NULL AND s.depends_on IS NOT NULL THEN
+        s.schedule := '@after';
+    END IF;
     iv := pgsched._check_settings(s);
     IF s.scheduled IS NULL THEN
         PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
@@ -509,7 +540,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     priority integer DEFAULT 0,
     exclude text DEFAULT NULL,
     jitter interval DEFAULT interval '0',
-    concurrency_key text DEFAULT NULL)
+    concurrency_key text DEFAULT NULL,
+    depends_on text[] DEFAULT NULL)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -524,7 +556,8 @@ SET intervalstyle = 'postgres' AS $$
                                    'schedule_delay', schedule_delay, 'allow_stale_reentry', allow_stale_reentry,
                                    'scope_query', scope_query, 'database', database,
                                    'priority', priority, 'exclude', exclude, 'jitter', jitter,
-                                   'concurrency_key', concurrency_key)))
+                                   'concurrency_key', concurrency_key,
+                                   'depends_on', pgsched._resolve_upstreams(depends_on, current_user::regrole))))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -553,7 +586,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     priority integer DEFAULT 0,
     exclude text DEFAULT NULL,
     jitter interval DEFAULT interval '0',
-    concurrency_key text DEFAULT NULL)
+    concurrency_key text DEFAULT NULL,
+    depends_on text[] DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -566,7 +600,7 @@ BEGIN
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
                            allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
                            database => database, priority => priority, exclude => exclude, jitter => jitter,
-                           concurrency_key => concurrency_key);
+                           concurrency_key => concurrency_key, depends_on => depends_on);
 END
 $$;
 
@@ -584,7 +618,7 @@ $$;
 -- a setting.
 CREATE OR REPLACE FUNCTION pgsched._alter_job(job_id integer, changes jsonb, schedule_interval interval,
                                               next_start timestamptz, if_exists boolean, check_config regproc,
-                                              config_merge jsonb)
+                                              config_merge jsonb, depends_on text[])
 RETURNS TABLE (r_job_id integer, r_schedule text, r_schedule_interval interval, r_max_runtime interval,
                r_max_retries integer, r_retry_period interval, r_scheduled boolean, r_config jsonb,
                r_next_start timestamptz, r_check_config text, r_fixed_schedule boolean,
@@ -621,6 +655,11 @@ BEGIN
     IF _alter_job.schedule_interval IS NOT NULL THEN
         given := given || jsonb_build_object('schedule', pgsched._interval_text(_alter_job.schedule_interval));
     END IF;
+    -- Names resolve for the job's owner; '{}' removes the dependencies.
+    IF _alter_job.depends_on IS NOT NULL THEN
+        given := given || jsonb_build_object('depends_on', nullif(pgsched._resolve_upstreams(_alter_job.depends_on,
+                                                                                              j.owner), '{}'));
+    END IF;
     old := pgsched._job_settings(j);
     s := pgsched._settings(old, given);
     s.schedule := btrim(s.schedule);
@@ -649,6 +688,9 @@ BEGIN
     END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
                                   check_database => given ? 'database', owner => j.owner);
+    IF given ? 'depends_on' THEN
+        PERFORM pgsched._check_upstreams(j.job_id, s.depends_on);
+    END IF;
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
@@ -718,7 +760,8 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     priority integer DEFAULT NULL,
     exclude text DEFAULT NULL,
     jitter interval DEFAULT NULL,
-    concurrency_key text DEFAULT NULL)
+    concurrency_key text DEFAULT NULL,
+    depends_on text[] DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -728,7 +771,7 @@ SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
     SELECT * FROM pgsched._alter_job(
         job_id => $1, schedule_interval => $2, next_start => $8, if_exists => $9, check_config => $10,
-        config_merge => $17,
+        config_merge => $17, depends_on => $28,
         changes => jsonb_build_object(
             'max_runtime', $3, 'max_retries', $4, 'retry_period', $5, 'scheduled', $6, 'config', $7,
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,

@@ -99,6 +99,8 @@ DECLARE
     bad text;
     disable integer[] := '{}';
     keys_freed text[] := '{}';
+    ok_jobs integer[] := '{}';
+    ok_plans timestamptz[] := '{}';
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
@@ -221,6 +223,10 @@ BEGIN
         IF c.concurrency_key IS NOT NULL THEN
             keys_freed := keys_freed || c.concurrency_key;
         END IF;
+        IF c.outcome = 'success' AND c.scope = '' THEN
+            ok_jobs := ok_jobs || c.job_id;
+            ok_plans := ok_plans || c.plan_time;
+        END IF;
         IF c.disable THEN
             disable := disable || c.job_id;
             PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', c.job_id, c.run_id,
@@ -247,6 +253,12 @@ BEGIN
                             WHERE q.outcome = 'queued' AND w.concurrency_key = ANY (keys_freed))) THEN
             PERFORM pg_catalog.pg_notify('pgsched_catalog', 'concurrency_key:free');
         END IF;
+    END IF;
+    -- Plan runs that succeeded feed the jobs that depend on theirs (07_dependencies.sql), in this
+    -- transaction: an upstream's success and its dependents' runs are committed together. One probe
+    -- of an index when no job depends on them.
+    IF ok_jobs <> '{}' AND EXISTS (SELECT 1 FROM pgsched.job_dependency d WHERE d.upstream_id = ANY (ok_jobs)) THEN
+        PERFORM pgsched._upstreams_succeeded(ok_jobs, ok_plans);
     END IF;
     IF disable <> '{}' THEN
         -- After the statement above: pausing the job fires its trigger, which writes job_stat too.

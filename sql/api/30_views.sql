@@ -12,7 +12,7 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.max_runtime, j.max_retries, j.retry_period, j.catch_up,
        s.next_start, j.created_at, j.updated_at,
        j.catch_up_window, j.max_plans_per_tick, j.schedule_delay, j.allow_stale_reentry,
-       j.scope_query, j.database, j.priority, j.exclude, j.jitter, j.concurrency_key
+       j.scope_query, j.database, j.priority, j.exclude, j.jitter, j.concurrency_key, j.depends_on
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 
@@ -29,10 +29,14 @@ SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
        s.total_missed,
        -- when the next run may start: next_start with the jitter of its plan (migration 0010)
        pg_catalog.timezone('UTC', pgsched._due_at(s.job_id, s.next_start, s.jitter_us)) AS next_due,
-       -- why a due plan does not start: its concurrency key is at its limit (migration 0011)
-       CASE WHEN s.state = 'scheduled' AND s.concurrency_key IS NOT NULL
-                 AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us) <= pg_catalog.timezone('UTC', now())
-            THEN pgsched._key_wait(s.concurrency_key) END AS waiting_for
+       -- why a due plan does not start: its concurrency key is at its limit (migration 0011), or its
+       -- upstream jobs have not all succeeded since its last run (0012)
+       coalesce(CASE WHEN s.state = 'scheduled' AND s.concurrency_key IS NOT NULL
+                          AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
+                              <= pg_catalog.timezone('UTC', now())
+                     THEN pgsched._key_wait(s.concurrency_key) END,
+                CASE WHEN j.depends_on IS NOT NULL AND s.state <> 'disabled'
+                     THEN pgsched._upstream_wait(s.job_id) END) AS waiting_for
   FROM pgsched.job_stat s
   JOIN pgsched.job j USING (job_id);
 

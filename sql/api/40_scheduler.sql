@@ -71,7 +71,7 @@ SELECT pgsched._define_type('_launch_row_v2', $$
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
     db_now timestamptz, scheduled boolean, job_state text, database text, priority integer,
-    exclude text, jitter_s double precision, concurrency_key text$$);
+    exclude text, jitter_s double precision, concurrency_key text, depends_on integer[]$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
@@ -93,7 +93,8 @@ SELECT j.job_id, j.job_name, j.kind,
        extract(epoch FROM j.schedule_delay)::float8 AS schedule_delay_s, j.allow_stale_reentry, j.scope_query,
        j.scheduled,
        -- appended (release 0.1.0's view is replaced in place): the job's database, NULL for ours
-       j.database, j.priority, j.exclude, extract(epoch FROM j.jitter)::float8 AS jitter_s, j.concurrency_key
+       j.database, j.priority, j.exclude, extract(epoch FROM j.jitter)::float8 AS jitter_s, j.concurrency_key,
+       j.depends_on
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -281,7 +282,7 @@ BEGIN
                     OR s2.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
              ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
            clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
-           v.concurrency_key
+           v.concurrency_key, v.depends_on
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -304,7 +305,9 @@ SET search_path = pg_catalog, pg_temp AS $$
       FROM pgsched.job_stat s
       JOIN pgsched.job j ON j.job_id = s.job_id
      WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
-       AND j.schedule <> '@restart'  -- planned by the server's start (_arm_restart_jobs), not by a scheduler
+       -- planned by the server's start (_arm_restart_jobs), and by upstreams (07_dependencies.sql), not by
+       -- a scheduler
+       AND j.schedule NOT IN ('@restart', '@after')
      ORDER BY j.job_id
      LIMIT max_rows
 $$;
@@ -370,7 +373,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                    LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
-                      AND j.schedule <> '@restart'),
+                      AND j.schedule NOT IN ('@restart', '@after')),
            clock_timestamp()
 $$;
 
@@ -577,7 +580,7 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
-           v.jitter_s, v.concurrency_key
+           v.jitter_s, v.concurrency_key, v.depends_on
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 

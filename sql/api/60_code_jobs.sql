@@ -32,6 +32,12 @@ BEGIN
     -- Any fixed number: the lock only has to be the same for every deploy.
     PERFORM pg_catalog.pg_advisory_xact_lock(7401295311);
     FOR spec IN SELECT value FROM jsonb_array_elements(specs) LOOP
+        -- depends_on names jobs (@pgsched.job(after=...)): the code orders its specs upstreams first, so
+        -- that each resolves to a job of this deploy or one that exists.
+        IF jsonb_typeof(spec->'depends_on') = 'array' THEN
+            spec := spec || jsonb_build_object('depends_on', to_jsonb(pgsched._resolve_upstreams(
+                ARRAY(SELECT jsonb_array_elements_text(spec->'depends_on')), current_user::regrole)));
+        END IF;
         s := pgsched._settings(pgsched._settings_defaults(), spec - 'code_module' - 'code_function');
         SELECT * INTO j FROM pgsched.job
          WHERE job.owner = current_user::regrole AND job.job_name = s.job_name
@@ -49,6 +55,9 @@ BEGIN
         old := pgsched._job_settings(j);
         iv := pgsched._check_settings(s, check_scope => s.scope_query IS DISTINCT FROM old.scope_query,
                                       check_database => s.database IS DISTINCT FROM old.database);
+        IF s.depends_on IS DISTINCT FROM old.depends_on THEN
+            PERFORM pgsched._check_upstreams(j.job_id, s.depends_on);
+        END IF;
         IF j.kind <> 'python' THEN
             RAISE EXCEPTION USING ERRCODE = '42710',
                 MESSAGE = format('invalid job_name: %L is already the name of %s job %s of role %s',

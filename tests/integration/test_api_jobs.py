@@ -81,7 +81,7 @@ def test_add_job_all_named_arguments(api: Conn) -> None:
         "next_start": "2100-01-01T00:01:30+00:00", "catch_up_window": "02:00:00", "max_plans_per_tick": 7,
         "schedule_delay": "00:01:30", "allow_stale_reentry": True, "scope_query": "SELECT job_id::text FROM ran",
         "database": None, "priority": 0, "exclude": None,
-        "jitter": "00:00:00", "concurrency_key": None,
+        "jitter": "00:00:00", "concurrency_key": None, "depends_on": None,
     }
     s = stats(api, job_id)
     assert s["state"] == "disabled"

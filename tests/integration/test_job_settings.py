@@ -412,12 +412,12 @@ def test_views_show_scope_query_after_the_columns_before_it(regions: Conn) -> No
     job_id = add_job(regions, "'ok_fn', '1 hour', scope_query => %s", (WHOLE_QUERY,))
     for view in ("pgsched.jobs", "public.jobs"):
         assert scalar(regions, f"SELECT scope_query FROM {view} WHERE job_id = %s", (job_id,)) == WHOLE_QUERY
-        # appended: a view's existing columns cannot move on upgrade; database, priority, exclude, jitter
-        # and concurrency_key came after it
+        # appended: a view's existing columns cannot move on upgrade; database, priority, exclude, jitter,
+        # concurrency_key and depends_on came after it
         assert [r["attname"] for r in rows(
             regions, "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-                     "ORDER BY attnum DESC LIMIT 6", (view,))] == ["concurrency_key", "jitter", "exclude", "priority",
-                                                                 "database", "scope_query"]
+                     "ORDER BY attnum DESC LIMIT 7", (view,))] == ["depends_on", "concurrency_key", "jitter",
+                                                                 "exclude", "priority", "database", "scope_query"]
 
 
 @pytest.mark.parametrize("query", [
@@ -630,7 +630,7 @@ def test_upgrade_replaces_the_previous_signatures(empty_db: str, previous: str) 
         assert overloads(c, "pgsched") == {"_check_settings": 1, "_insert_job": 1, "add_job": 2, "_alter_job": 1,
                                            "alter_job": 1}
         assert overloads(c, "public") == {"add_job": 2, "alter_job": 1}
-        assert scalar(c, "SELECT pronargs FROM pg_proc WHERE oid = 'pgsched.alter_job'::regproc") == 27
+        assert scalar(c, "SELECT pronargs FROM pg_proc WHERE oid = 'pgsched.alter_job'::regproc") == 28
         # unqualified and qualified calls resolve to the new functions, old-style calls included
         a = scalar(c, "SELECT add_job('ok_fn', '5 minutes')")
         b = scalar(c, "SELECT add_job('ok_fn', interval '1 hour', schedule_delay => '1 minute', "

@@ -31,10 +31,17 @@ SAMPLE: dict[str, Any] = {
     "max_runtime": "01:00:00", "max_retries": 3, "retry_period": "00:01:00", "catch_up": "all",
     "catch_up_window": "02:00:00", "max_plans_per_tick": 7, "schedule_delay": "00:00:30",
     "allow_stale_reentry": True, "scope_query": "SELECT 1", "database": "postgres", "priority": 42,
-    "exclude": "* 2 * * *", "jitter": "00:00:20", "concurrency_key": "sample-key",
+    "exclude": "* 2 * * *", "jitter": "00:00:20", "concurrency_key": "sample-key", "depends_on": ["sample_up"],
 }
 PY_TYPES = {"text": str, "boolean": bool, "integer": int, "interval": timedelta,
-            "timestamp with time zone": datetime, "jsonb": Any}
+            "timestamp with time zone": datetime, "jsonb": Any, "integer[]": list[int]}
+# The public signatures take depends_on as job ids or names, stored as ids (pgsched._resolve_upstreams).
+API_TYPES = {"depends_on": "text[]"}
+
+
+def with_upstream(conn: Conn) -> int:
+    """The job SAMPLE's depends_on names, created first."""
+    return int(scalar(conn, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'sample_up')"))
 
 
 def definition(conn: Conn) -> list[tuple[str, str]]:
@@ -56,7 +63,10 @@ def stored(conn: Conn, name: str) -> dict[str, Any]:
 
 
 def expected(conn: Conn, values: dict[str, Any]) -> dict[str, Any]:
-    """`values` over the defaults, as the database reads them."""
+    """`values` over the defaults, as the database reads them (depends_on's names as the ids they name)."""
+    if values.get("depends_on"):
+        values = {**values, "depends_on": [int(scalar(conn, "SELECT job_id FROM pgsched.job WHERE job_name = %s",
+                                                      (n,))) for n in values["depends_on"]]}
     return dict(scalar(conn, "SELECT to_jsonb(pgsched._settings(pgsched._settings_defaults(), %s))",
                        (Jsonb(values),)))
 
@@ -112,13 +122,13 @@ def test_add_job_takes_every_setting_with_its_type_and_default(conn: Conn, sched
     name, typ = schedule_arg.split()
     args = _arguments(conn, f"pgsched.add_job(regproc, {typ}, jsonb, timestamptz, boolean, regproc, boolean, text, "
                             "text, interval, integer, interval, text, boolean, interval, integer, interval, boolean, "
-                            "text, text, integer, text, interval, text)")
+                            "text, text, integer, text, interval, text, text[])")
     dflt = defaults(conn)
     for setting, setting_type in definition(conn):
         if setting == "schedule":
             assert args[name] == (typ, "required")
             continue
-        assert args.get(setting) == (setting_type, dflt[setting]), setting
+        assert args.get(setting) == (API_TYPES.get(setting, setting_type), dflt[setting]), setting
     assert set(args) - {s for s, _ in definition(conn)} == {"proc", name, "check_config", "if_not_exists"} - {
         "schedule"}
 
@@ -127,7 +137,7 @@ def test_alter_job_takes_every_setting_defaulting_to_unchanged(conn: Conn) -> No
     oid = scalar(conn, "SELECT 'pgsched.alter_job'::regproc::oid")
     args = _arguments(conn, scalar(conn, "SELECT %s::regprocedure::text", (oid,)))
     for setting, setting_type in definition(conn):
-        assert args.get(setting) == (setting_type, None), setting
+        assert args.get(setting) == (API_TYPES.get(setting, setting_type), None), setting
 
 
 def test_public_wrappers_have_the_pgsched_signatures(conn: Conn) -> None:
@@ -139,12 +149,14 @@ def test_public_wrappers_have_the_pgsched_signatures(conn: Conn) -> None:
 
 
 def test_add_job_carries_every_setting_to_the_catalog(api: Conn) -> None:
+    with_upstream(api)
     api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(
         sample_args()))
     assert stored(api, "sample") == expected(api, SAMPLE)
 
 
 def test_alter_job_carries_every_setting_to_the_catalog(api: Conn) -> None:
+    with_upstream(api)
     job_id = scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'before')")
     api.execute(sql.SQL("SELECT pgsched.alter_job({}, {})").format(
         sql.Literal(job_id),
@@ -153,6 +165,9 @@ def test_alter_job_carries_every_setting_to_the_catalog(api: Conn) -> None:
 
 
 def test_a_deploy_carries_every_setting_to_the_catalog(conn: Conn) -> None:
+    conn.execute("SELECT * FROM pgsched._deploy_code_jobs(%s, %s)",
+                 (["m0"], Jsonb([{"job_name": "sample_up", "schedule": "1 hour", "code_module": "m0",
+                                 "code_function": "f"}])))
     conn.execute("SELECT * FROM pgsched._deploy_code_jobs(%s, %s)",
                  (["m"], Jsonb([{**SAMPLE, "code_module": "m", "code_function": "f"}])))
     assert stored(conn, "sample") == expected(conn, SAMPLE)
@@ -189,6 +204,7 @@ def test_the_claims_launch_row_has_every_setting(conn: Conn) -> None:
 
 
 def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
+    up = with_upstream(api)
     api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(
         sample_args()))
     launch = dict(rows(api, "SELECT * FROM pgsched._job_launch WHERE job_name = 'sample'")[0])
@@ -199,7 +215,7 @@ def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
         max_runtime=timedelta(hours=1), max_retries=3, retry_period=timedelta(minutes=1), catch_up="all",
         catch_up_window=timedelta(hours=2), max_plans_per_tick=7, schedule_delay=timedelta(seconds=30),
         allow_stale_reentry=True, scope_query="SELECT 1", database="postgres", priority=42,
-        exclude="* 2 * * *", jitter=timedelta(seconds=20), concurrency_key="sample-key")
+        exclude="* 2 * * *", jitter=timedelta(seconds=20), concurrency_key="sample-key", depends_on=[up])
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -208,6 +224,7 @@ def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
     ("00:00:01.25", 1.25),
 ])
 def test_python_reads_intervals_as_extract_epoch_does(api: Conn, text: str, seconds: float) -> None:
+    with_upstream(api)
     api.execute(sql.SQL("SELECT pgsched.add_job('ok_fn', {})").format(sample_args()))
     api.execute("UPDATE pgsched.job SET max_runtime = %s::interval WHERE job_name = 'sample'", (text,))
     launch = dict(rows(api, "SELECT * FROM pgsched._job_launch WHERE job_name = 'sample'")[0])
@@ -232,7 +249,7 @@ def test_python_job_settings_match_the_sql_definition(conn: Conn) -> None:
 def test_python_job_declarations_take_every_setting_with_the_sql_defaults(conn: Conn) -> None:
     params = inspect.signature(app.job).parameters
     # @pgsched.job spells two settings its own way: every=/cron= give the schedule, name= the job_name.
-    spelled: dict[str, str | None] = {"schedule": None, "job_name": "name"}
+    spelled: dict[str, str | None] = {"schedule": None, "job_name": "name", "depends_on": "after"}
     py_defaults = model.JobSettings(schedule="x")
     for name, _ in definition(conn):
         if name in spelled:

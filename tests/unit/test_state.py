@@ -161,14 +161,16 @@ def test_after_crash_backs_off_or_disables_a_schedule_without_a_next_start() -> 
     assert gone.disable_reason is not None and "no further start" in gone.disable_reason
 
 
+@pytest.mark.parametrize("text", [" @restart ", "@after"])
 @pytest.mark.parametrize("outcome", [Outcome.SUCCESS, Outcome.FAILURE, Outcome.CRASH, Outcome.TIMEOUT])
-def test_a_restart_job_keeps_its_one_plan_whatever_the_outcome(outcome: Outcome) -> None:
-    """@restart: no next start and no retry before the server starts again (pgsched._arm_restart_jobs)."""
+def test_a_job_the_database_plans_keeps_its_plan_whatever_the_outcome(outcome: Outcome, text: str) -> None:
+    """@restart: no next start and no retry before the server starts again (pgsched._arm_restart_jobs);
+    @after: none before its upstreams succeed again (sql/api/07_dependencies.sql)."""
     from pgsched.state import after_crash
     from pgsched.store import schedule_from_row
 
-    s = schedule_from_row({"schedule": " @restart ", "timezone": None, "months": None})
-    assert s.restart and s.cron is None and s.interval is None
+    s = schedule_from_row({"schedule": text, "timezone": None, "months": None})
+    assert s.by_database and s.cron is None and s.interval is None
     start = datetime(2026, 5, 1, 12, tzinfo=UTC)
     end = end_of_run(job(s, max_retries=0), outcome=outcome, plan_time=start, finish=start + timedelta(seconds=3),
                      consecutive_failures=5, consecutive_crashes=5, message="boom", rng=random.Random(1))
@@ -181,6 +183,6 @@ def test_a_restart_job_keeps_its_one_plan_whatever_the_outcome(outcome: Outcome)
 
 def test_a_restart_schedule_has_neither_interval_nor_cron() -> None:
     with pytest.raises(ValueError, match="neither interval nor cron"):
-        Schedule(interval=Interval(0, 0, 1), cron=None, restart=True)
+        Schedule(interval=Interval(0, 0, 1), cron=None, by_database=True)
     with pytest.raises(ValueError, match="exactly one"):
         Schedule(interval=None, cron=None)

@@ -1,0 +1,295 @@
+-- Dependencies (README "Dependencies"): a job may run after other jobs, its upstreams. This file
+-- owns the rule, once:
+--   * a dependent with no schedule of its own (schedule '@after') runs once after each time all of
+--     its upstreams have succeeded since its own last run (one upstream: after each success of it;
+--     several: fan-in). Its run's plan_time is the latest plan time among those upstream runs, so
+--     a chain of jobs all see one pgsched.plan_time;
+--   * a dependent with a schedule runs a plan only if all of its upstreams have succeeded since its
+--     previous run; otherwise the plan is recorded as skipped, waiting for them;
+--   * an upstream that is deleted or disabled leaves its dependents disabled, with the reason.
+-- State: pgsched.job_dependency, one row per edge (migration 0012). An upstream's successful plan
+-- run (its close, pgsched._end_runs) marks the edges it feeds; an '@after' dependent whose edges
+-- are all marked gets a queued run (claimed like a queued scope run, by any instance) and its marks
+-- are consumed in the same transaction; a scheduled dependent consumes them when its run starts
+-- (pgsched._take_upstreams). Edges are locked in one order (dependent, upstream) by everyone who
+-- reads them to decide, so two closes on two instances cannot both miss the other's mark.
+
+-- All of this file's functions are internal: replaced whole on every upgrade.
+SELECT pgsched._drop_functions(ARRAY[
+    '_check_upstreams',
+    '_dependency_deleted',
+    '_depends_form',
+    '_resolve_upstreams',
+    '_sync_dependencies',
+    '_take_upstreams',
+    '_upstream_disabled',
+    '_upstream_wait',
+    '_upstreams_succeeded']);
+
+-- What depends_on accepts, for every error about it.
+CREATE OR REPLACE FUNCTION pgsched._depends_form()
+RETURNS text LANGUAGE sql IMMUTABLE
+RETURN 'an array of 1 to 100 job ids or names of jobs the job''s owner may see, such as '
+    || 'ARRAY[''nightly_rollup''] or ''{1001,1002}'' (in alter_job: NULL keeps them, ''{}'' removes them)';
+
+-- The upstream jobs `refs` names (ids or names), as sorted distinct ids; NULL stays NULL (not
+-- given) and an empty array gives '{}' (none). A name is one of the owner's jobs, else the one
+-- job of that name the owner may see. A job the owner may not see (the rule of the job_read policy,
+-- 0002_security.sql, for the owner instead of the caller) is refused as if it did not exist.
+-- Runs as the caller, so the caller's row-level security applies as well.
+CREATE OR REPLACE FUNCTION pgsched._resolve_upstreams(refs text[], owner regrole)
+RETURNS integer[] LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ref text;
+    id integer;
+    ids integer[] := '{}';
+    n integer;
+BEGIN
+    IF refs IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF cardinality(refs) > 100 THEN
+        PERFORM pgsched._bad_arg('depends_on', format('%s jobs', cardinality(refs)), pgsched._depends_form());
+    END IF;
+    FOREACH ref IN ARRAY refs LOOP
+        IF ref IS NULL OR btrim(ref) = '' THEN
+            PERFORM pgsched._bad_arg('depends_on', format('%s is not a job', coalesce(quote_literal(ref), 'NULL')),
+                                     pgsched._depends_form());
+        END IF;
+        id := NULL;
+        IF btrim(ref) ~ '^[0-9]{1,9}$' THEN
+            SELECT j.job_id INTO id FROM pgsched.job j
+             WHERE j.job_id = btrim(ref)::integer
+               AND (pg_catalog.pg_has_role(_resolve_upstreams.owner, j.owner, 'MEMBER')
+                    OR pg_catalog.pg_has_role(_resolve_upstreams.owner, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                                       WHERE d.datname = pg_catalog.current_database()), 'MEMBER'));
+        ELSE
+            SELECT j.job_id INTO id FROM pgsched.job j WHERE j.owner = _resolve_upstreams.owner AND j.job_name = ref;
+            IF id IS NULL THEN
+                SELECT min(j.job_id), count(*) INTO id, n FROM pgsched.job j
+                 WHERE j.job_name = ref
+                   AND (pg_catalog.pg_has_role(_resolve_upstreams.owner, j.owner, 'MEMBER')
+                        OR pg_catalog.pg_has_role(_resolve_upstreams.owner, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                                           WHERE d.datname = pg_catalog.current_database()),
+                                                  'MEMBER'));
+                IF n > 1 THEN
+                    PERFORM pgsched._bad_arg('depends_on', format('%L names %s jobs of different owners', ref, n),
+                                             'job ids where names are ambiguous: ' || pgsched._depends_form());
+                END IF;
+            END IF;
+        END IF;
+        IF id IS NULL THEN
+            PERFORM pgsched._bad_arg('depends_on', format('no job %L that role %s may see', ref, _resolve_upstreams.owner),
+                                     pgsched._depends_form());
+        END IF;
+        ids := ids || id;
+    END LOOP;
+    RETURN ARRAY(SELECT DISTINCT u FROM unnest(ids) AS u ORDER BY u);
+END
+$$;
+
+-- Refuse a job depending on itself, or on a job that (through its own upstreams) depends on it:
+-- such a job could never run. job_id NULL: a new job, which nothing depends on yet. Reads every
+-- job's depends_on, whoever may see it (SECURITY DEFINER): a cycle through a job the caller cannot
+-- see is a cycle all the same; the message names ids only.
+CREATE OR REPLACE FUNCTION pgsched._check_upstreams(job_id integer, depends_on integer[])
+RETURNS void LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cycle integer[];
+BEGIN
+    IF job_id IS NULL OR depends_on IS NULL THEN
+        RETURN;
+    END IF;
+    IF job_id = ANY (depends_on) THEN
+        PERFORM pgsched._bad_arg('depends_on', format('job %s would depend on itself', job_id),
+                                 'jobs other than the job itself: ' || pgsched._depends_form());
+    END IF;
+    WITH RECURSIVE up(job_id, path) AS (
+        SELECT u, ARRAY[_check_upstreams.job_id, u] FROM unnest(_check_upstreams.depends_on) AS u
+        UNION ALL
+        SELECT x, up.path || x
+          FROM up JOIN pgsched.job j ON j.job_id = up.job_id
+          CROSS JOIN LATERAL unnest(j.depends_on) AS x
+         WHERE up.job_id <> _check_upstreams.job_id AND NOT (x = ANY (up.path[2:]))
+    )
+    SELECT up.path INTO cycle FROM up WHERE up.job_id = _check_upstreams.job_id LIMIT 1;
+    IF cycle IS NOT NULL THEN
+        PERFORM pgsched._bad_arg('depends_on', format('it would make a cycle: job %s', array_to_string(
+                                     ARRAY(SELECT c FROM unnest(cycle) AS c), ' runs after job ')),
+                                 'jobs that do not already run after this one: ' || pgsched._depends_form());
+    END IF;
+END
+$$;
+
+-- Keep job_dependency equal to job.depends_on (the job's trigger calls this): edges that stay
+-- keep their marks, new ones start unmarked. inserted: a new job, which jobs inserted before it may
+-- already name (pg_restore of an extension's catalog inserts jobs in any order; job_dependency is
+-- not dumped: it is derived, and its marks are transient).
+CREATE OR REPLACE FUNCTION pgsched._sync_dependencies(job_id integer, depends_on integer[], inserted boolean)
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO pgsched.job_dependency (job_id, upstream_id)
+    SELECT j.job_id, _sync_dependencies.job_id FROM pgsched.job j
+     WHERE inserted AND j.depends_on @> ARRAY[_sync_dependencies.job_id]
+    ON CONFLICT DO NOTHING;
+    DELETE FROM pgsched.job_dependency d
+     WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
+    INSERT INTO pgsched.job_dependency (job_id, upstream_id)
+    SELECT _sync_dependencies.job_id, u FROM unnest(depends_on) AS u
+     WHERE EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u)
+    ON CONFLICT DO NOTHING;
+$$;
+
+-- An upstream was paused or disabled (the job's trigger calls this): its dependents are disabled
+-- too, with the reason; their own dependents follow through the same trigger.
+CREATE OR REPLACE FUNCTION pgsched._upstream_disabled(upstream_id integer, why text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ids integer[];
+BEGIN
+    WITH d AS (
+        UPDATE pgsched.job j SET scheduled = false
+         WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = _upstream_disabled.upstream_id)
+           AND j.scheduled
+        RETURNING j.job_id)
+    SELECT array_agg(d.job_id) INTO ids FROM d;
+    IF ids IS NOT NULL THEN
+        UPDATE pgsched.job_stat s SET disabled_reason = why WHERE s.job_id = ANY (ids);
+        PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', u, NULL, NULL, NULL, NULL))
+           FROM unnest(ids) AS u;
+    END IF;
+END
+$$;
+
+-- Upstreams deleted (the job table's statement trigger calls this with their ids): their
+-- dependents are disabled with the reason, and lose them from depends_on.
+CREATE OR REPLACE FUNCTION pgsched._dependency_deleted()
+RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    gone_ids integer[];
+BEGIN
+    SELECT array_agg(g.job_id) INTO gone_ids FROM gone g;
+    IF gone_ids IS NULL THEN
+        RETURN NULL;
+    END IF;
+    WITH hit AS (
+        SELECT j.job_id, string_agg(format('%s (%s)', g.job_id, g.job_name), ', ' ORDER BY g.job_id) AS names
+          FROM pgsched.job j JOIN gone g ON g.job_id = ANY (j.depends_on)
+         WHERE j.depends_on && gone_ids
+         GROUP BY j.job_id
+    ), d AS (
+        UPDATE pgsched.job j
+           SET depends_on = nullif(ARRAY(SELECT u FROM unnest(j.depends_on) AS u WHERE NOT (u = ANY (gone_ids))
+                                         ORDER BY u), '{}'),
+               scheduled = false
+          FROM hit WHERE j.job_id = hit.job_id
+        RETURNING j.job_id
+    )
+    UPDATE pgsched.job_stat s
+       SET disabled_reason = format('upstream job %s deleted: give the job other upstreams (alter_job depends_on) '
+                                    || 'or a schedule, then resume it', h.names)
+      FROM hit h WHERE s.job_id = h.job_id AND h.job_id IN (SELECT d.job_id FROM d);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER job_upstream_deleted AFTER DELETE ON pgsched.job
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted();
+
+-- Upstream plan runs that succeeded (the close calls this: their jobs and plan times, in the close's
+-- transaction): mark the edges they feed, then queue a run of each '@after' dependent whose edges are
+-- all marked, and consume its marks. A paused dependent is not queued; its marks wait for it.
+-- Returns how many runs it queued (and wakes the schedulers when there are any).
+CREATE OR REPLACE FUNCTION pgsched._upstreams_succeeded(upstreams integer[], plan_times timestamptz[],
+                                                        now timestamptz DEFAULT now())
+RETURNS integer LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    queued integer;
+BEGIN
+    -- Every edge of every dependent concerned, in one order: a close of another upstream of the same
+    -- dependent waits here for this one's commit, and its next statement then sees this one's mark.
+    PERFORM 1 FROM pgsched.job_dependency d
+     WHERE d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
+     ORDER BY d.job_id, d.upstream_id
+       FOR UPDATE;
+    UPDATE pgsched.job_dependency d
+       SET succeeded_plan = greatest(d.succeeded_plan, u.plan_time), succeeded_at = _upstreams_succeeded.now
+      FROM (SELECT x.upstream_id, max(x.plan_time) AS plan_time
+              FROM unnest(upstreams, plan_times) AS x(upstream_id, plan_time) GROUP BY x.upstream_id) u
+     WHERE d.upstream_id = u.upstream_id;
+    WITH ready AS (
+        SELECT d.job_id, max(d.succeeded_plan) AS plan_time
+          FROM pgsched.job_dependency d JOIN pgsched.job j ON j.job_id = d.job_id
+         WHERE j.schedule = '@after' AND j.scheduled
+           AND d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
+         GROUP BY d.job_id
+        HAVING bool_and(d.succeeded_plan IS NOT NULL)
+    ), runs AS (
+        -- A plan that already has a run of the job (its upstreams succeeded twice for one plan: a
+        -- takeover's second attempt) is not run again.
+        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome)
+        SELECT r.job_id, r.plan_time, 'upstream', 'queued' FROM ready r
+        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
+        RETURNING 1
+    ), consumed AS (
+        UPDATE pgsched.job_dependency d SET succeeded_plan = NULL, succeeded_at = NULL
+          FROM ready r WHERE d.job_id = r.job_id
+        RETURNING 1
+    )
+    SELECT count(*) INTO queued FROM runs;
+    IF queued > 0 THEN
+        -- Any instance may claim them: wake them all (one notification per close, not per run).
+        PERFORM pg_catalog.pg_notify('pgsched_catalog', 'job_run:upstream');
+    END IF;
+    RETURN queued;
+END
+$$;
+
+-- A scheduled dependent's plan run is starting (the scheduler asks before it runs it): NULL, and
+-- its upstreams' marks consumed, when all of them have succeeded since its previous run; else
+-- why it waits, and nothing changes (the scheduler records the plan as skipped with that reason).
+CREATE OR REPLACE FUNCTION pgsched._take_upstreams(run_id bigint)
+RETURNS text LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    dependent integer;
+    waiting text;
+BEGIN
+    SELECT r.job_id INTO dependent FROM pgsched.job_run r WHERE r.run_id = _take_upstreams.run_id;
+    IF dependent IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM pgsched.job_dependency d WHERE d.job_id = dependent ORDER BY d.upstream_id FOR UPDATE;
+    waiting := pgsched._upstream_wait(dependent);
+    IF waiting IS NULL THEN
+        UPDATE pgsched.job_dependency d SET succeeded_plan = NULL, succeeded_at = NULL WHERE d.job_id = dependent;
+    END IF;
+    RETURN waiting;
+END
+$$;
+
+-- What a dependent waits for (NULL: nothing): its upstreams that have not succeeded since its last
+-- run, each with what it is doing. Runs as the caller: an upstream the reader may not see is named
+-- by its id only.
+CREATE OR REPLACE FUNCTION pgsched._upstream_wait(job_id integer)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT 'upstream job(s) not succeeded since its last run: '
+           || string_agg(format('%s%s%s', d.upstream_id, coalesce(' (' || j.job_name || ')', ''),
+                                CASE WHEN s.state = 'disabled' THEN ': disabled'
+                                     WHEN s.state IN ('starting', 'terminating') THEN ': running'
+                                     WHEN s.consecutive_failures > 0 THEN format(': failing (%s in a row)',
+                                                                                 s.consecutive_failures)
+                                     ELSE '' END), ', ' ORDER BY d.upstream_id)
+      FROM pgsched.job_dependency d
+      LEFT JOIN pgsched.job j ON j.job_id = d.upstream_id
+      LEFT JOIN pgsched.job_stat s ON s.job_id = j.job_id
+     WHERE d.job_id = _upstream_wait.job_id AND d.succeeded_plan IS NULL
+     HAVING count(*) > 0
+$$;

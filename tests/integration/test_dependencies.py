@@ -1,0 +1,294 @@
+"""Dependencies (issue 14, sql/api/07_dependencies.sql): jobs that run after other jobs. The rule with
+explicit time (no sleeping, no scheduler): claims and closes at chosen instants decide when a
+dependent gets a run, with which plan time, and what it waits for; fan-in and fan-out; scheduled
+dependents that skip plans; what deleting or pausing an upstream does; cycles, invisible jobs and
+other bad input refused with nothing written; two closes on two connections racing for one fan-in.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.integration.helpers import Conn, rows, scalar, snapshot
+from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+FORM = "job ids or names of jobs the job's owner may see"
+
+
+def after(api: Conn, upstreams: list[Any], **settings: Any) -> int:
+    """A job with no schedule of its own, run after `upstreams` (ids or names)."""
+    extra = "".join(f", {k} => %({k})s" for k in settings)
+    return int(scalar(api, f"SELECT pgsched.add_job('ok_fn', NULL, depends_on => %(up)s{extra})",
+                      {"up": [str(u) for u in upstreams], **settings}))
+
+
+def end(api: Conn, run_id: int, at: datetime, outcome: str = "success", *, after_job: bool = False) -> None:
+    """Close a run at `at`; its job's next plan an hour later (none for an '@after' job, as the scheduler
+    computes it: pgsched.state.end_of_run)."""
+    assert scalar(api, "SELECT pgsched._mark_end(%s, %s, NULL, NULL, %s, finished_at => %s)",
+                  (run_id, outcome, None if after_job else at + timedelta(hours=1), at)) is True
+
+
+def run_once(api: Conn, me: int, at: datetime, outcome: str = "success") -> list[dict[str, Any]]:
+    """Claim what is due at `at` and end every claimed run with `outcome` a second later."""
+    got = claim(api, me, at, workers=16)
+    for r in got:
+        end(api, r["run_id"], at + S, outcome, after_job=r["schedule"] == "@after")
+    return got
+
+
+def queued(api: Conn) -> list[tuple[int, datetime]]:
+    return [(r["job_id"], r["plan_time"]) for r in rows(
+        api, "SELECT job_id, plan_time FROM pgsched.job_run WHERE outcome = 'queued' ORDER BY job_id, plan_time")]
+
+
+def waiting(api: Conn, job_id: int) -> str | None:
+    w = scalar(api, "SELECT waiting_for FROM pgsched.job_stats WHERE job_id = %s", (job_id,))
+    return None if w is None else str(w)
+
+
+def test_a_dependent_runs_once_after_each_success_of_its_upstream_with_its_plan_time(api: Conn) -> None:
+    up = add_job(api, T, job_name="rollup")
+    down = after(api, ["rollup"])
+    assert scalar(api, "SELECT schedule FROM pgsched.jobs WHERE job_id = %s", (down,)) == "@after"
+    assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [up]
+    assert scalar(api, "SELECT next_start FROM pgsched.job_stat WHERE job_id = %s", (down,)) is None
+    assert waiting(api, down) == f"upstream job(s) not succeeded since its last run: {up} (rollup)"
+    me = register(api, T - S)
+    [r] = run_once(api, me, T)
+    assert r["job_id"] == up
+    # queued in the upstream's close, with the upstream's plan time, claimable at once
+    assert queued(api) == [(down, T)]
+    assert waiting(api, down) is not None  # consumed: the next run needs the next success
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 2 * S,)) == T + 2 * S
+    [d] = claim(api, me, T + 2 * S, workers=4)
+    assert (d["job_id"], d["plan_time"], d["scope"]) == (down, T, "")
+    assert scalar(api, "SELECT trigger FROM pgsched.job_run WHERE run_id = %s", (d["run_id"],)) == "upstream"
+    end(api, d["run_id"], T + 3 * S, after_job=True)
+    s = rows(api, "SELECT state, total_runs, total_successes, next_start FROM pgsched.job_stats WHERE job_id = %s",
+             (down,))[0]
+    assert s == {"state": "scheduled", "total_runs": 1, "total_successes": 1, "next_start": None}
+    # the upstream's next plan: one more run; a failure: none
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 60 * S, up))
+    run_once(api, me, T + 60 * S, "failure")
+    assert queued(api) == []
+    assert "failing (1 in a row)" in str(waiting(api, down))
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 120 * S, up))
+    run_once(api, me, T + 120 * S)
+    assert queued(api) == [(down, T + 120 * S)]
+
+
+def test_fan_in_waits_for_every_upstream_and_passes_on_the_latest_plan(api: Conn) -> None:
+    a = add_job(api, T)
+    b = add_job(api, T + 10 * S)
+    down = after(api, [a, b])
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert queued(api) == []
+    assert waiting(api, down) == f"upstream job(s) not succeeded since its last run: {b} (ok_fn [{b}])"
+    # a succeeds again: still one run to come, not two
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 5 * S, a))
+    run_once(api, me, T + 5 * S)
+    assert queued(api) == []
+    run_once(api, me, T + 10 * S)
+    assert queued(api) == [(down, T + 10 * S)]
+    assert waiting(api, down) is not None
+
+
+def test_fan_out_and_a_chain_share_one_plan_time(api: Conn) -> None:
+    up = add_job(api, T)
+    left, right = after(api, [up]), after(api, [up])
+    last = after(api, [left, right])
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert queued(api) == [(left, T), (right, T)]
+    got = run_once(api, me, T + 5 * S)
+    assert sorted((r["job_id"], r["plan_time"]) for r in got) == [(left, T), (right, T)]
+    assert queued(api) == [(last, T)]
+    [r] = run_once(api, me, T + 9 * S)
+    assert (r["job_id"], r["plan_time"]) == (last, T)
+
+
+def test_a_scheduled_dependent_skips_plans_until_its_upstreams_succeeded(api: Conn) -> None:
+    up = add_job(api, T + 30 * S)
+    down = add_job(api, T, depends_on=[str(up)])
+    me = register(api, T - S)
+    [r] = claim(api, me, T)
+    assert r["job_id"] == down and r["depends_on"] == [up]
+    why = scalar(api, "SELECT pgsched._take_upstreams(%s)", (r["run_id"],))
+    assert why == f"upstream job(s) not succeeded since its last run: {up} (ok_fn [{up}])"
+    run_once(api, me, T + 30 * S)
+    assert queued(api) == []  # a scheduled dependent is not queued: its schedule runs it
+    assert waiting(api, down) is None
+    # its next plan may run, and takes the upstream's success: the plan after that waits again
+    assert scalar(api, "SELECT pgsched._take_upstreams(%s)", (r["run_id"],)) is None
+    assert waiting(api, down) is not None
+
+
+def test_deleting_an_upstream_disables_its_dependents_with_the_reason(api: Conn) -> None:
+    up = add_job(api, T, job_name="source")
+    other = add_job(api, T)
+    down = after(api, [up, other])
+    further = after(api, [down])
+    api.execute("SELECT pgsched.delete_job(%s)", (up,))
+    s = rows(api, "SELECT state, disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (down,))[0]
+    assert s["state"] == "disabled"
+    assert s["disabled_reason"].startswith(f"upstream job {up} (source) deleted")
+    assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [other]
+    # its own dependents follow
+    s = rows(api, "SELECT state, disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (further,))[0]
+    assert s["state"] == "disabled" and s["disabled_reason"].startswith(f"upstream job {down} ")
+    # resumed, it runs after the upstream it has left
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
+    assert rows(api, "SELECT state, disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (down,))[0] == {
+        "state": "scheduled", "disabled_reason": None}
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert queued(api) == [(down, T)]
+
+
+def test_deleting_the_only_upstream_leaves_a_dependent_that_cannot_be_resumed_without_one(api: Conn) -> None:
+    up = add_job(api, T)
+    down = after(api, [up])
+    api.execute("SELECT pgsched.delete_job(%s)", (up,))
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="'@after' without depends_on"):
+        api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
+
+
+def test_pausing_an_upstream_disables_its_dependents_and_a_failure_disable_says_why(api: Conn) -> None:
+    up = add_job(api, T, job_name="src", max_retries=0)
+    down = after(api, ["src"])
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (up,))
+    s = rows(api, "SELECT state, disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (down,))[0]
+    assert s == {"state": "disabled", "disabled_reason": f"upstream job {up} (src) is disabled (paused): "
+                                                         "resume it, then this job"}
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (up,))
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
+    # disabled by its scheduler (a close with a reason): the reason is passed on
+    me = register(api, T - S)
+    [r] = claim(api, me, T)
+    assert scalar(api, "SELECT pgsched._mark_end(%s, 'failure', '22012', 'boom', NULL, finished_at => %s, "
+                       "disable_reason => 'max_retries 0 reached')", (r["run_id"], T + S)) is True
+    s = rows(api, "SELECT state, disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (down,))[0]
+    assert s["state"] == "disabled" and "max_retries 0 reached" in s["disabled_reason"]
+
+
+def test_a_paused_dependent_is_not_queued_and_keeps_its_upstreams_success(api: Conn) -> None:
+    up = add_job(api, T)
+    down = after(api, [up], scheduled=False)
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert queued(api) == []
+    assert waiting(api, down) is None  # disabled: nothing to wait for
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
+    assert waiting(api, down) is None  # the success is still there for its next run
+
+
+def test_two_closes_racing_for_one_fan_in_queue_exactly_one_run(api: Conn, db: str) -> None:
+    for _ in range(20):
+        api.execute("DELETE FROM pgsched.job")
+        a, b = add_job(api, T), add_job(api, T)
+        down = after(api, [a, b])
+        me = register(api, T - S)
+        runs = claim(api, me, T, workers=4)
+        assert len(runs) == 2
+        barrier = threading.Barrier(2)
+
+        def close(run_id: int, barrier: threading.Barrier = barrier) -> None:
+            with psycopg.connect(db, autocommit=True) as c:
+                barrier.wait()
+                end(c, run_id, T + S)
+
+        threads = [threading.Thread(target=close, args=(r["run_id"],)) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert queued(api) == [(down, T)]
+
+
+def test_cycles_and_self_dependency_are_refused_and_nothing_is_written(api: Conn) -> None:
+    a = add_job(api, T)
+    b = after(api, [a])
+    c = after(api, [b])
+    before = snapshot(api)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="would depend on itself") as e:
+        api.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (a, [str(a)]))
+    assert FORM in str(e.value.diag.message_hint)
+    with pytest.raises(psycopg.errors.InvalidParameterValue,
+                       match=f"cycle: job {a} runs after job {c} runs after job {b} runs after job {a}"):
+        api.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (a, [str(c)]))
+    assert snapshot(api) == before
+
+
+@pytest.mark.parametrize(("refs", "problem"), [
+    (["no_such_job"], "no job 'no_such_job' that role"),
+    (["999999"], "no job '999999' that role"),
+    ([""], "'' is not a job"),
+    ([None], "NULL is not a job"),
+])
+def test_unknown_upstreams_are_refused_naming_the_argument(api: Conn, refs: list[Any], problem: str) -> None:
+    add_job(api, T)
+    before = snapshot(api)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"invalid depends_on: {problem}") as e:
+        api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => %s)", (refs,))
+    assert FORM in str(e.value.diag.message_hint)
+    assert snapshot(api) == before
+
+
+def test_after_without_upstreams_and_a_missing_schedule_are_refused(api: Conn) -> None:
+    before = snapshot(api)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="'@after' without depends_on"):
+        api.execute("SELECT pgsched.add_job('ok_fn', '@after')")
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="invalid schedule: NULL"):
+        api.execute("SELECT pgsched.add_job('ok_fn', NULL)")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="has no start times to preview"):
+        api.execute("SELECT * FROM pgsched.next_runs('@after')")
+    assert snapshot(api) == before
+
+
+def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, db: str) -> None:
+    up = add_job(api, T, job_name="private")
+    role = f"dep_{abs(hash(db)) % 100000}"
+    api.execute(f"DROP ROLE IF EXISTS {role}")
+    api.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
+        api.execute(f"SET ROLE {role}")
+        try:
+            for ref in (str(up), "private"):
+                with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"no job .* that role"):
+                    api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => %s)", ([ref],))
+            assert scalar(api, "SELECT count(*) FROM pgsched.job") == 0
+        finally:
+            api.execute("RESET ROLE")
+    finally:
+        api.execute(f"DROP OWNED BY {role}")
+        api.execute(f"DROP ROLE {role}")
+
+
+def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
+    a, b = add_job(api, T, job_name="a"), add_job(api, T, job_name="b")
+    down = add_job(api, T, depends_on=["a"])
+    api.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (down, ["b", str(a), "b"]))
+    assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [a, b]
+    assert scalar(api, "SELECT array_agg(upstream_id ORDER BY upstream_id) FROM pgsched.job_dependency "
+                       "WHERE job_id = %s", (down,)) == [a, b]
+    api.execute("SELECT pgsched.alter_job(%s, depends_on => '{}')", (down,))
+    assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) is None
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+    assert waiting(api, down) is None
+
+
+def test_no_dependency_costs_the_close_nothing_but_a_probe(api: Conn) -> None:
+    """The close of a job nothing depends on queues nothing and takes no lock on job_dependency."""
+    up = add_job(api, T)
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert queued(api) == []
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (up,)) == 1
