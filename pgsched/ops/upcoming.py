@@ -44,6 +44,10 @@ def job_starts(row: dict[str, Any], *, now: datetime, n: int) -> list[datetime]:
     """A job's next `n` starts from its query.job_schedule row (`pgsched next JOB`, the dashboard's
     job page): from its stored next start, or its first start after `now` if it has none yet."""
     s = store.schedule_from_row(row)
+    if s.by_database:
+        why = ("it runs after its upstream jobs (depends_on)" if schedule.is_after(row["schedule"])
+               else "it runs each time the server starts")
+        raise schedule.ScheduleError("schedule", f"{row['schedule'].strip()!r} has no start times of its own: {why}")
     delay = row["schedule_delay"] or timedelta(0)
     first = row["next_start"] or schedule.eligible_at(schedule.first_start(s, now), delay)
     window = exclusion.parse(row["exclude"]) if row.get("exclude") else None

@@ -19,6 +19,10 @@ def describe(expr: str | None, timezone: str | None = None) -> str:
         return "not scheduled"
     tz = f" ({timezone})" if timezone else ""
     text = expr.strip()
+    if schedule.is_after(text):
+        return "after its upstream jobs"
+    if schedule.is_restart(text):
+        return "when the server starts"
     if not schedule.looks_like_cron(text):
         try:
             schedule.parse_interval(text)

@@ -84,3 +84,12 @@ def test_request_payloads() -> None:
     assert parse_request("cancel:34:alice:x") == ("cancel", 34, "alice:x")
     for bad in ("trigger:x:1", "trigger:1:abc", "cancel:1:", "stop:1:2", "trigger", "instance:stop"):
         assert parse_request(bad) is None
+
+
+@pytest.mark.parametrize(("text", "why"), [("@after", "it runs after its upstream jobs"),
+                                           (" @restart", "it runs each time the server starts")])
+def test_a_job_the_database_plans_has_no_start_times_to_show(text: str, why: str) -> None:
+    row = {"schedule": text, "fixed_schedule": True, "initial_start": None, "timezone": None, "next_start": None,
+           "schedule_delay": None, "exclude": None, "months": None, "days": None, "micros": None}
+    with pytest.raises(ScheduleError, match=f"'{text.strip()}' has no start times of its own: {why}"):
+        upcoming.job_starts(row, now=datetime(2030, 1, 1, tzinfo=UTC), n=3)

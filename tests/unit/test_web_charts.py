@@ -79,3 +79,8 @@ def test_buckets_count_every_run_and_take_the_worst_colour() -> None:
     assert [r.cls for r in tl.rects] == ["bucket timeout", "bucket success"]
     assert "41 runs (40 success, 1 timeout)" in tl.rects[0].title
     assert tl.bucket == timedelta(minutes=30)
+
+
+def test_schedules_the_database_plans_are_described_in_words() -> None:
+    assert words.describe("@after") == "after its upstream jobs"
+    assert words.describe(" @restart ") == "when the server starts"

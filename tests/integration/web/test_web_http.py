@@ -245,6 +245,18 @@ def test_a_jobs_page_shows_its_concurrency_key_and_what_it_waits_for(webdb: WebD
         wadmin.execute("SELECT pgsched.set_concurrency_limit('heavy', NULL)")
 
 
+def test_a_jobs_page_shows_the_jobs_it_runs_after_and_what_it_waits_for(webdb: WebDb, wadmin: Conn,
+                                                                         client: TestClient) -> None:
+    up = schedule_as(webdb, webdb.odb.alice, "upstream", every="1 hour")
+    j = schedule_as(webdb, webdb.odb.alice, "downstream", every="1 hour")
+    wadmin.execute("SELECT pgsched.alter_job(%s, schedule => '@after', depends_on => %s)", (j, [str(up)]))
+    sign_in(client, webdb.odb.alice)
+    page = client.get(f"/jobs/{j}").text
+    assert (f'<td id="depends_on"><a href="/jobs/{up}">job {up}</a> (each time they all succeeded) &mdash; '
+            f'waiting: upstream job(s) not succeeded since its last run: {up} (upstream)</td>') in page, page
+    assert '<td id="depends_on">-</td>' in client.get(f"/jobs/{up}").text
+
+
 def test_the_timeline_draws_one_bar_per_run(webdb: WebDb, wadmin: Conn, client: TestClient) -> None:
     a = schedule_as(webdb, webdb.odb.alice, "tl-a")
     b = schedule_as(webdb, webdb.odb.alice, "tl-b")
