@@ -1,7 +1,7 @@
 """Chaos test of several `pgsched serve` instances sharing one database (not part of the test suite).
 
     ./dev bench chaos [--minutes 10] [--jobs 200] [--instances 3] [--seed N]
-                      [--max-workers 6] [--max-sleep 0.4] [--crash-wait SECONDS]
+                      [--max-workers 6] [--max-sleep 0.4] [--crash-wait SECONDS] [--dependents N]
 
 A throwaway embedded cluster gets `--jobs` command jobs on fixed interval schedules of 1 to 5 s (random per job,
 from the seed; each with an explicit initial_start, so its plan times are the grid initial_start + k * interval).
@@ -18,6 +18,10 @@ script checks:
   neither a job_run row of that plan_time (any outcome) nor a 'skipped'/'missed' row whose result
   {"first", "last", "count"} covers them. Must be 0. Each gap is printed with the run before it, and for runs
   closed as abandoned, the instance that closed them.
+* with --dependents N: N more jobs with no schedule of their own, each run after one of the jobs above (chosen
+  at random: some upstreams get several, a fan-out), its effect row naming the plan time its upstream passed on.
+  Every success of an upstream must give each of its dependents exactly one run of that plan time (a run still
+  queued at the end counts), and no other: dependent runs missing and extra must both be 0 (README "Dependencies").
 * success runs without an effect row (should be 0); effect rows of runs that did not end in success (possible: the
   job committed, its close was lost, e.g. an orphan backend of a killed instance finishing its statement).
 * crashes caused (workers killed mid-run, runs in progress on killed instances and at the PostgreSQL restart,
@@ -126,8 +130,9 @@ def effect_command(job_id: int, max_sleep: float) -> sql.Composed:
     ).format(sql.Literal(job_id), sql.Literal(max_sleep))
 
 
-def create_jobs(dsn: str, n: int, rng: random.Random, max_sleep: float) -> tuple[datetime, float]:
-    """Create chaos.effect and n jobs through the pg_cron-style API; (first slot time, expected runs/s)."""
+def create_jobs(dsn: str, n: int, rng: random.Random, max_sleep: float, dependents: int = 0) -> tuple[datetime, float]:
+    """Create chaos.effect and n jobs through the pg_cron-style API, and `dependents` jobs each run after
+    one of them; (first slot time, expected runs/s)."""
     rate = 0.0
     with psycopg.connect(dsn) as conn:
         conn.execute("CREATE SCHEMA chaos")
@@ -150,6 +155,18 @@ def create_jobs(dsn: str, n: int, rng: random.Random, max_sleep: float) -> tuple
             command = effect_command(job_id, max_sleep).as_string(conn)
             conn.execute("SELECT pgsched.schedule(%s, %s, %s)", (name, every, command))
             conn.execute("SELECT FROM pgsched.alter_job(%s, initial_start => %s)", (job_id, origin))
+        upstreams = [int(r[0]) for r in conn.execute("SELECT job_id FROM pgsched.job ORDER BY job_id").fetchall()]
+        for i in range(dependents):
+            upstream = rng.choice(upstreams)
+            created = conn.execute("SELECT pgsched.schedule(%s, '1 hour', 'SELECT 1')", (f"dep {i:04d}",)).fetchone()
+            assert created is not None
+            job_id = int(created[0])
+            rate += 1 / int(conn.execute("SELECT extract(epoch FROM schedule_interval) FROM pgsched.job "
+                                         "WHERE job_id = %s", (upstream,)).fetchone()[0])  # type: ignore[index]
+            conn.execute("UPDATE pgsched.job SET command = %s WHERE job_id = %s",
+                         (effect_command(job_id, max_sleep).as_string(conn), job_id))
+            conn.execute("SELECT FROM pgsched.alter_job(%s, schedule => '@after', depends_on => %s)",
+                         (job_id, [str(upstream)]))
     return base, rate
 
 
@@ -521,6 +538,7 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
     skipped_total = int(db.value("SELECT coalesce(sum(total_skipped), 0) FROM pgsched.job_stat") or 0)
 
     gaps, off_grid = find_gaps(jobs, runs, until)
+    dep_missing, dep_extra, dep_runs = dependent_runs(db, until)
     missed = sum(len(g.slots) for g in gaps)
     outcomes = Counter(r.outcome for r in runs)
     started_runs = sum(n for o, n in outcomes.items() if o not in ("skipped", "missed"))
@@ -538,6 +556,11 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
           f"killed; runs in progress on {c.instance_kills} killed instances {c.instance_kill_runs}; "
           f"at the PostgreSQL restart {c.restart_runs}); crash rows recorded: {outcomes['crash']}")
     print(f"duplicates: {len(duplicates)}")
+    if dep_runs or dep_missing or dep_extra:
+        print(f"dependent runs: {dep_runs}; missing (an upstream success without its run): {len(dep_missing)}; "
+              f"extra (a run no upstream success asked for): {len(dep_extra)}")
+        for what in (dep_missing + dep_extra)[:20]:
+            print(f"  {what}")
     for d in duplicates[:10]:
         print(f"  job {d[0]} plan {d[1].isoformat()}: {d[2]} effect rows, runs {d[3]}")
     print(f"missed slots outside the catch-up policy: {missed} in {len(gaps)} gap(s)")
@@ -579,6 +602,8 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
         "seconds": round(seconds, 1), "jobs": len(jobs), "instances": chaos.args.instances,
         "max_workers": chaos.args.max_workers, "seed": chaos.args.seed,
         "duplicates": len(duplicates), "missed_outside_policy": missed, "missed_gaps": len(gaps),
+        "dependents": chaos.args.dependents, "dependent_runs": dep_runs,
+        "dependent_missing": len(dep_missing), "dependent_extra": len(dep_extra),
         "missed_by_cause": dict(by_cause),
         "success_without_effect": len(success_no_effect),
         "effect_without_success": {str(k): int(v) for k, v in effect_not_success},
@@ -591,6 +616,29 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
         "runs_per_s": round(started_runs / seconds, 1), "log_error_lines": problems["error_lines"],
         "logs": str(chaos.outdir),
     }
+
+
+def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int]:
+    """Each dependent's runs against its upstream's successes: (missing, extra, runs of dependents).
+
+    Missing: an upstream success that closed before `until` whose plan time the dependent has no run of
+    (any outcome: queued at the end counts). Extra: a dependent run whose plan time is no success of its
+    upstream, or a plan time it ran twice (the unique key forbids that; checked anyway)."""
+    missing: list[str] = []
+    extra: list[str] = []
+    total = 0
+    for dep, up in db.rows("SELECT job_id, depends_on[1] FROM pgsched.job WHERE job_name LIKE 'dep %' "
+                           "ORDER BY job_id"):
+        ok = {(p, f) for p, f in db.rows("SELECT plan_time, finished_at FROM pgsched.job_run "
+                                        "WHERE job_id = %s AND outcome = 'success'", (up,))}
+        planned = Counter(p for (p,) in db.rows("SELECT plan_time FROM pgsched.job_run WHERE job_id = %s", (dep,)))
+        total += sum(planned.values())
+        ok_plans = {p for p, _ in ok}
+        missing += [f"job {dep}: no run for plan {p.isoformat()} of upstream {up}"
+                    for p, f in sorted(ok) if f <= until and p not in planned]
+        extra += [f"job {dep}: {n} run(s) of plan {p.isoformat()}, upstream {up} succeeded for it "
+                  f"{int(p in ok_plans)} time(s)" for p, n in sorted(planned.items()) if n > 1 or p not in ok_plans]
+    return missing, extra, total
 
 
 def dump(c: Cluster, dsn: str, outdir: Path) -> None:
@@ -616,6 +664,8 @@ def main() -> None:
     ap.add_argument("--max-workers", type=int, default=6, help="--max-workers of each instance (default 6)")
     ap.add_argument("--max-sleep", type=float, default=0.4, help="longest sleep of a run, seconds (default 0.4)")
     ap.add_argument("--crash-wait", type=float, default=None, help="passed to serve (default: serve's own)")
+    ap.add_argument("--dependents", type=int, default=0,
+                    help="jobs without a schedule, each run after one of the others (default 0)")
     args = ap.parse_args()
     if args.minutes * 60 < 2 * QUIET_TAIL:
         ap.error(f"--minutes must be at least {2 * QUIET_TAIL / 60:.2f}")
@@ -628,7 +678,7 @@ def main() -> None:
     outdir.mkdir(parents=True)
 
     with cluster() as (c, dsn):
-        base, rate = create_jobs(dsn, args.jobs, rng, args.max_sleep)
+        base, rate = create_jobs(dsn, args.jobs, rng, args.max_sleep, args.dependents)
         busy = rate * (args.max_sleep / 3 + 0.005)
         print(f"{stamp()} seed {args.seed}: {args.jobs} jobs, about {rate:.0f} runs/s needing {busy:.1f} busy "
               f"workers of {args.instances * args.max_workers}; logs in {outdir}", flush=True)
@@ -643,7 +693,8 @@ def main() -> None:
         chaos.db.close()
         dump(c, dsn, outdir)
     print(json.dumps(result), flush=True)
-    if result["duplicates"] or result["missed_outside_policy"]:
+    if result["duplicates"] or result["missed_outside_policy"] or result["dependent_missing"] \
+            or result["dependent_extra"]:
         sys.exit(1)
 
 

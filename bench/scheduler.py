@@ -115,10 +115,16 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # from the delayed start, so that it measures the scheduler, not the delay asked for).
 # --concurrency: half of them (the odd ids) on one concurrency key with a limit of 100, so every
 # claim takes the key's lock and counts its runs, and the limit never binds (8 workers).
+# --dependencies: half of them (the odd ids) run after the job before them (an even id). In throughput,
+# with no schedule of their own ('@after': each success of the upstream queues one run of the dependent,
+# claimed by the queued-run path, and wakes the instance); in lag, keeping their schedule (each plan
+# asks whether its upstream, due 10 ms earlier, succeeded since the previous one: one more statement
+# per run; the lag counts its runs as any other).
 PRIORITIES = False
 EXCLUDE = False
 JITTER = False
 CONCURRENCY = False
+DEPENDENCIES = False
 
 
 def prioritise_half(dsn: str, priority: int = 10) -> None:
@@ -126,8 +132,8 @@ def prioritise_half(dsn: str, priority: int = 10) -> None:
         conn.execute("UPDATE pgsched.job SET priority = %s WHERE job_id %% 2 = 0", (priority,))
 
 
-def use_workflow_settings(dsn: str) -> None:
-    """What --priorities and --exclude ask for."""
+def use_workflow_settings(dsn: str, *, scheduled_dependents: bool) -> None:
+    """What --priorities, --exclude, --jitter, --concurrency and --dependencies ask for."""
     if PRIORITIES:
         prioritise_half(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -139,13 +145,21 @@ def use_workflow_settings(dsn: str) -> None:
         if CONCURRENCY:
             conn.execute("SELECT pgsched.set_concurrency_limit('bench', 100)")
             conn.execute("UPDATE pgsched.job SET concurrency_key = 'bench' WHERE job_id %% 2 = %s", (1,))
+        if DEPENDENCIES:
+            conn.execute("UPDATE pgsched.job SET depends_on = ARRAY[job_id - 1], "
+                         "schedule = CASE WHEN %s THEN schedule ELSE '@after' END "
+                         "WHERE job_id %% 2 = 1 AND job_id - 1 IN (SELECT job_id FROM pgsched.job)",
+                         (scheduled_dependents,))
+            if not scheduled_dependents:
+                conn.execute("UPDATE pgsched.job_stat SET next_start = NULL WHERE job_id IN "
+                             "(SELECT job_id FROM pgsched.job WHERE schedule = '@after')")
 
 
 def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     """1,000 jobs every 10 s, their starts spread evenly over the 10 s (one due every 10 ms)."""
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "10 seconds", fixed=True, delay_s=3, stagger_ms=10)
-        use_workflow_settings(dsn)
+        use_workflow_settings(dsn, scheduled_dependents=True)
         with scraped(http) as http_args, serve(dsn, "--max-workers", "8", *http_args):
             time.sleep(seconds)
         with psycopg.connect(dsn) as conn:
@@ -164,7 +178,7 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     lags = [float(r[0]) for r in rows]
     claims = [float(r[0]) for r in claim]
     return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
-            "concurrency": CONCURRENCY,
+            "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES,
             "runs": len(lags),
             "p50_ms": round(pct(lags, 50), 2),
             "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
@@ -289,7 +303,7 @@ def pgbench_tps(c: Cluster, clients: int, seconds: int) -> float:
 def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> dict[str, Any]:
     with cluster() as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
-        use_workflow_settings(dsn)
+        use_workflow_settings(dsn, scheduled_dependents=False)
         with scraped(http) as http_args, serve(dsn, "--max-workers", str(workers), *http_args) as (proc, log):
             wait_for_log(log, "ready:", 30)
             time.sleep(2)
@@ -304,7 +318,7 @@ def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> d
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
     return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
-            "concurrency": CONCURRENCY,
+            "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES,
             "runs_per_s": round(rate, 1),
             "pgbench_runs_per_s_same_sql": round(bench, 1),
             # The scheduler process's own CPU per run (its workers not included): less noisy than runs/s
@@ -471,9 +485,13 @@ def main() -> None:
     ap.add_argument("--concurrency", action="store_true",
                     help="lag and throughput: half the jobs on one concurrency key with a limit of 100 (never "
                          "binding: the claim's lock and count are what is measured)")
+    ap.add_argument("--dependencies", action="store_true",
+                    help="lag and throughput: half the jobs run after another (throughput: with no schedule of "
+                         "their own; lag: keeping theirs, each plan checking its upstream succeeded)")
     args = ap.parse_args()
-    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY
+    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES
     PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
+    DEPENDENCIES = args.dependencies
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":
