@@ -61,8 +61,8 @@ class Dispatch(LoopState):
             # ask when the next one is, but do not spin on a row we cannot have.
             self.dirty = True
             self._hold_claims_until = time.monotonic() + 0.05
-        if any(c.run is not None and c.run.scope for c in claimed):
-            self.dirty = True  # more queued scope runs may be waiting: _next_due knows, the claim does not
+        if any(c.run is not None and c.run.queued for c in claimed):
+            self.dirty = True  # more queued runs may be waiting: _next_due knows, the claim does not
         self._launch_claimed(claimed, "claimed")
 
     def _launch_claimed(self, claimed: list[Claimed], how: str) -> None:
@@ -108,12 +108,6 @@ class Dispatch(LoopState):
                 and exclusion.excluded(job.exclude, job.schedule.tz, run.plan_time)):
             self._skip_excluded(run)
             return
-        # A scheduled dependent (an @after one's runs are queued only once its upstreams succeeded).
-        if job.depends_on and not job.schedule.by_database and not run.scope and not run.manual:
-            why = self._upstreams_wait(run)
-            if why is not None:
-                self._skip_waiting(run, why)
-                return
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   "the job's owner role no longer exists: delete the job or give it a new owner")
@@ -122,6 +116,14 @@ class Dispatch(LoopState):
             self._fail_unrunnable(run.run_id, job.job_id,
                                   f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist")
             return
+        # A scheduled dependent's plan (an @after job's runs are queued only once its upstreams succeeded).
+        # Its retries and the takeover of its run are the same plan, which took the upstreams' success.
+        if job.depends_on and not job.schedule.by_database and not run.scope and not run.manual \
+                and run.attempt == 1 and run.consecutive_failures == 0:
+            why = self._upstreams_wait(run)
+            if why is not None:
+                self._skip_waiting(run, why)
+                return
         if job.max_runtime is not None:
             run.deadline = run.started_at + job.max_runtime
         worker.run = run
@@ -358,9 +360,10 @@ class Dispatch(LoopState):
         if self.metrics is not None:
             self.metrics.run_ended(outcome, (finish - run.started_at).total_seconds())
         job = run.job
+        if run.queued:
+            self.dirty = True  # a worker is free and queued runs (scopes, an @after job's next) may be waiting
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.
-            self.dirty = True  # a worker is free and queued scope runs may be waiting
             if log.isEnabledFor(logging.INFO):
                 duration = (finish - run.started_at).total_seconds()
                 log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,

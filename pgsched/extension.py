@@ -107,7 +107,9 @@ $pgsched$;
 
 
 def _config_marks() -> str:
-    lines = [f"SELECT pg_catalog.pg_extension_config_dump({_literal(t)}, '');" for t in CONFIG_TABLES]
+    # A table this script's release does not have yet (an earlier release packaged by this code) is not marked.
+    lines = [f"SELECT pg_catalog.pg_extension_config_dump(pg_catalog.to_regclass({_literal(t)}), '') "
+             f"WHERE pg_catalog.to_regclass({_literal(t)}) IS NOT NULL;" for t in CONFIG_TABLES]
     lines += [f"SELECT pg_catalog.pg_extension_config_dump({_literal(s)}, '');" for s in CONFIG_SEQUENCES]
     lines += [f"SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence({_literal(t)}, "
               f"{_literal(c)})::regclass, '');" for t, c in IDENTITY_COLUMNS]

@@ -539,11 +539,11 @@ BEGIN
         VALUES (NEW.job_id, CASE WHEN NEW.scheduled THEN 'scheduled' ELSE 'disabled' END, NEW.priority,
                 (extract(epoch FROM NEW.jitter) * 1000000)::bigint, NEW.concurrency_key)
         ON CONFLICT (job_id) DO NOTHING;
-        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.depends_on, true);
+        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.owner, NEW.depends_on, true);
         RETURN NULL;
     END IF;
     IF NEW.depends_on IS DISTINCT FROM OLD.depends_on THEN
-        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.depends_on, false);
+        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.owner, NEW.depends_on, false);
     END IF;
     IF (NEW.priority, NEW.jitter, NEW.concurrency_key) IS DISTINCT FROM (OLD.priority, OLD.jitter, OLD.concurrency_key)
     THEN

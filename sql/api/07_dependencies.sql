@@ -17,6 +17,7 @@
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_check_upstreams',
+    '_may_see',
     '_dependency_deleted',
     '_depends_form',
     '_resolve_upstreams',
@@ -32,11 +33,21 @@ RETURNS text LANGUAGE sql IMMUTABLE
 RETURN 'an array of 1 to 100 job ids or names of jobs the job''s owner may see, such as '
     || 'ARRAY[''nightly_rollup''] or ''{1001,1002}'' (in alter_job: NULL keeps them, ''{}'' removes them)';
 
+-- Whether jobs of `owner` may depend on a job of `job_owner`: the rule of the job_read policy
+-- (0002_security.sql) for the owner instead of the caller, so that a dependent never reveals (its
+-- waits, its disable reasons) what its owner could not read anyway.
+CREATE OR REPLACE FUNCTION pgsched._may_see(owner regrole, job_owner regrole)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.pg_has_role(owner, job_owner, 'MEMBER')
+        OR pg_catalog.pg_has_role(owner, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                           WHERE d.datname = pg_catalog.current_database()), 'MEMBER')
+$$;
+
 -- The upstream jobs `refs` names (ids or names), as sorted distinct ids; NULL stays NULL (not
 -- given) and an empty array gives '{}' (none). A name is one of the owner's jobs, else the one
--- job of that name the owner may see. A job the owner may not see (the rule of the job_read policy,
--- 0002_security.sql, for the owner instead of the caller) is refused as if it did not exist.
--- Runs as the caller, so the caller's row-level security applies as well.
+-- job of that name the owner may see. A job the owner may not see (_may_see) is refused as if it
+-- did not exist. Runs as the caller, so the caller's row-level security applies as well.
 CREATE OR REPLACE FUNCTION pgsched._resolve_upstreams(refs text[], owner regrole)
 RETURNS integer[] LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -58,21 +69,16 @@ BEGIN
                                      pgsched._depends_form());
         END IF;
         id := NULL;
-        IF btrim(ref) ~ '^[0-9]{1,9}$' THEN
+        IF btrim(ref) ~ '^[0-9]+$' THEN
+            -- An id; one beyond the range of ids names no job.
             SELECT j.job_id INTO id FROM pgsched.job j
-             WHERE j.job_id = btrim(ref)::integer
-               AND (pg_catalog.pg_has_role(_resolve_upstreams.owner, j.owner, 'MEMBER')
-                    OR pg_catalog.pg_has_role(_resolve_upstreams.owner, (SELECT d.datdba FROM pg_catalog.pg_database d
-                                                       WHERE d.datname = pg_catalog.current_database()), 'MEMBER'));
+             WHERE length(btrim(ref)) <= 10 AND btrim(ref)::bigint <= 2147483647
+               AND j.job_id = btrim(ref)::bigint AND pgsched._may_see(_resolve_upstreams.owner, j.owner);
         ELSE
             SELECT j.job_id INTO id FROM pgsched.job j WHERE j.owner = _resolve_upstreams.owner AND j.job_name = ref;
             IF id IS NULL THEN
                 SELECT min(j.job_id), count(*) INTO id, n FROM pgsched.job j
-                 WHERE j.job_name = ref
-                   AND (pg_catalog.pg_has_role(_resolve_upstreams.owner, j.owner, 'MEMBER')
-                        OR pg_catalog.pg_has_role(_resolve_upstreams.owner, (SELECT d.datdba FROM pg_catalog.pg_database d
-                                                           WHERE d.datname = pg_catalog.current_database()),
-                                                  'MEMBER'));
+                 WHERE j.job_name = ref AND pgsched._may_see(_resolve_upstreams.owner, j.owner);
                 IF n > 1 THEN
                     PERFORM pgsched._bad_arg('depends_on', format('%L names %s jobs of different owners', ref, n),
                                              'job ids where names are ambiguous: ' || pgsched._depends_form());
@@ -89,15 +95,19 @@ BEGIN
 END
 $$;
 
--- Refuse a job depending on itself, or on a job that (through its own upstreams) depends on it:
--- such a job could never run. job_id NULL: a new job, which nothing depends on yet. Reads every
--- job's depends_on, whoever may see it (SECURITY DEFINER): a cycle through a job the caller cannot
--- see is a cycle all the same; the message names ids only.
+-- Refuse a job depending on itself, or on a job that (through its own upstreams) runs after it:
+-- such a job could never run. job_id NULL: a new job, which nothing depends on yet. Called by the
+-- job's trigger (_sync_dependencies) for every write of depends_on, through the API or not; it reads
+-- every job's depends_on, whoever may see it (a cycle through a job the caller cannot see is a cycle
+-- all the same), so it is not PUBLIC's to call (95_grants.sql), and its message names no job but the
+-- two concerned. Changes of the graph take turns (an advisory lock held to commit), so that two
+-- transactions cannot each close half of a cycle. Reachability is computed per job (UNION), not per
+-- path, so a dense graph costs its edges, not its paths.
 CREATE OR REPLACE FUNCTION pgsched._check_upstreams(job_id integer, depends_on integer[])
-RETURNS void LANGUAGE plpgsql STABLE SECURITY DEFINER
+RETURNS void LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    cycle integer[];
+    via integer;
 BEGIN
     IF job_id IS NULL OR depends_on IS NULL THEN
         RETURN;
@@ -106,40 +116,76 @@ BEGIN
         PERFORM pgsched._bad_arg('depends_on', format('job %s would depend on itself', job_id),
                                  'jobs other than the job itself: ' || pgsched._depends_form());
     END IF;
-    WITH RECURSIVE up(job_id, path) AS (
-        SELECT u, ARRAY[_check_upstreams.job_id, u] FROM unnest(_check_upstreams.depends_on) AS u
-        UNION ALL
-        SELECT x, up.path || x
-          FROM up JOIN pgsched.job j ON j.job_id = up.job_id
-          CROSS JOIN LATERAL unnest(j.depends_on) AS x
-         WHERE up.job_id <> _check_upstreams.job_id AND NOT (x = ANY (up.path[2:]))
-    )
-    SELECT up.path INTO cycle FROM up WHERE up.job_id = _check_upstreams.job_id LIMIT 1;
-    IF cycle IS NOT NULL THEN
-        PERFORM pgsched._bad_arg('depends_on', format('it would make a cycle: job %s', array_to_string(
-                                     ARRAY(SELECT c FROM unnest(cycle) AS c), ' runs after job ')),
+    -- Any fixed number, other than the deploy's and the concurrency limits'.
+    PERFORM pg_catalog.pg_advisory_xact_lock(7401295313);
+    -- The first given upstream from which the job is reachable.
+    SELECT u INTO via
+      FROM unnest(_check_upstreams.depends_on) AS u
+     WHERE EXISTS (
+         WITH RECURSIVE up(job_id) AS (
+             SELECT u
+             UNION
+             SELECT x FROM up JOIN pgsched.job j ON j.job_id = up.job_id CROSS JOIN LATERAL unnest(j.depends_on) AS x
+         )
+         SELECT 1 FROM up WHERE up.job_id = _check_upstreams.job_id)
+     ORDER BY u LIMIT 1;
+    IF via IS NOT NULL THEN
+        PERFORM pgsched._bad_arg('depends_on', format('it would make a cycle: job %s already runs after job %s '
+                                                      '(directly or through other jobs)', via, job_id),
                                  'jobs that do not already run after this one: ' || pgsched._depends_form());
     END IF;
 END
 $$;
 
--- Keep job_dependency equal to job.depends_on (the job's trigger calls this): edges that stay
--- keep their marks, new ones start unmarked. inserted: a new job, which jobs inserted before it may
--- already name (pg_restore of an extension's catalog inserts jobs in any order; job_dependency is
--- not dumped: it is derived, and its marks are transient).
-CREATE OR REPLACE FUNCTION pgsched._sync_dependencies(job_id integer, depends_on integer[], inserted boolean)
-RETURNS void LANGUAGE sql
+-- Keep job_dependency equal to job.depends_on (the job's trigger calls this, for writes through the
+-- API and direct ones alike): edges that stay keep their marks, new ones start unmarked. A direct
+-- write is held to the API's rules: an upstream the owner may not see is refused as if it did not
+-- exist, and so is a cycle (_check_upstreams). inserted: a new job. A new job may name ids that do
+-- not exist yet, and jobs inserted before it may name it, when their owner may see it (pg_restore of
+-- an extension's catalog inserts jobs in any order; job_dependency is not dumped: it is derived, and
+-- its marks are transient).
+CREATE OR REPLACE FUNCTION pgsched._sync_dependencies(job_id integer, owner regrole, depends_on integer[],
+                                                      inserted boolean)
+RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
-    INSERT INTO pgsched.job_dependency (job_id, upstream_id)
-    SELECT j.job_id, _sync_dependencies.job_id FROM pgsched.job j
-     WHERE inserted AND j.depends_on @> ARRAY[_sync_dependencies.job_id]
-    ON CONFLICT DO NOTHING;
+DECLARE
+    added integer[];
+    bad integer;
+BEGIN
+    IF inserted THEN
+        INSERT INTO pgsched.job_dependency (job_id, upstream_id)
+        SELECT j.job_id, _sync_dependencies.job_id FROM pgsched.job j
+         WHERE j.depends_on @> ARRAY[_sync_dependencies.job_id] AND pgsched._may_see(j.owner, _sync_dependencies.owner)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    -- Only what is added is checked: removing an upstream (as deleting one does, whoever deletes it)
+    -- cannot make a cycle or reveal anything.
+    SELECT array_agg(u) INTO added FROM unnest(depends_on) AS u
+     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_dependency d
+                        WHERE d.job_id = _sync_dependencies.job_id AND d.upstream_id = u);
+    IF added IS NULL THEN
+        added := '{}';
+    ELSIF NOT inserted THEN
+        PERFORM pgsched._check_upstreams(_sync_dependencies.job_id, added);
+    END IF;
+    SELECT u INTO bad FROM unnest(added) AS u
+     WHERE (NOT inserted AND NOT EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u))
+        OR EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u AND NOT pgsched._may_see(_sync_dependencies.owner, j.owner))
+     LIMIT 1;
+    IF bad IS NOT NULL THEN
+        PERFORM pgsched._bad_arg('depends_on', format('no job %L that role %s may see', bad::text, _sync_dependencies.owner),
+                                 pgsched._depends_form());
+    END IF;
+    -- Its edges in the order everyone locks them (_upstreams_succeeded), before any is deleted.
+    PERFORM 1 FROM pgsched.job_dependency d WHERE d.job_id = _sync_dependencies.job_id
+     ORDER BY d.upstream_id FOR UPDATE;
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
     SELECT _sync_dependencies.job_id, u FROM unnest(depends_on) AS u
      WHERE EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u)
     ON CONFLICT DO NOTHING;
+END
 $$;
 
 -- An upstream was paused or disabled (the job's trigger calls this): its dependents are disabled
@@ -150,14 +196,13 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ids integer[];
 BEGIN
-    WITH d AS (
-        UPDATE pgsched.job j SET scheduled = false
-         WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = _upstream_disabled.upstream_id)
-           AND j.scheduled
-        RETURNING j.job_id)
-    SELECT array_agg(d.job_id) INTO ids FROM d;
+    SELECT array_agg(j.job_id ORDER BY j.job_id) INTO ids FROM pgsched.job j
+     WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = _upstream_disabled.upstream_id)
+       AND j.scheduled;
     IF ids IS NOT NULL THEN
+        -- The reason before the pause, which passes it on to their own dependents.
         UPDATE pgsched.job_stat s SET disabled_reason = why WHERE s.job_id = ANY (ids);
+        UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = ANY (ids) AND j.scheduled;
         PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', u, NULL, NULL, NULL, NULL))
            FROM unnest(ids) AS u;
     END IF;

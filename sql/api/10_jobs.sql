@@ -252,6 +252,10 @@ RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- A changed exclusion window too: the stored next start may lie past the old window.
+    -- No longer run after its upstreams: the runs they queued would run beside its schedule's.
+    IF old.schedule = '@after' AND new.schedule <> '@after' THEN
+        DELETE FROM pgsched.job_run r WHERE r.job_id = _replan.job_id AND r.scope = '' AND r.outcome = 'queued';
+    END IF;
     IF (new.schedule, new.fixed_schedule, new.initial_start, new.timezone, new.exclude)
        IS DISTINCT FROM (old.schedule, old.fixed_schedule, old.initial_start, old.timezone, old.exclude) THEN
         UPDATE pgsched.job_stat st SET next_start = pgsched._first_next_start(new, iv)
@@ -636,7 +640,8 @@ BEGIN
     IF _alter_job.job_id IS NULL THEN
         PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
     END IF;
-    SELECT * INTO j FROM pgsched.job WHERE job.job_id = _alter_job.job_id FOR UPDATE;
+    -- NO KEY: an upstream's close that queues this job's run checks its key meanwhile (FOR KEY SHARE).
+    SELECT * INTO j FROM pgsched.job WHERE job.job_id = _alter_job.job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM pgsched._check_job_writable(_alter_job.job_id);
         IF if_exists THEN
@@ -688,9 +693,6 @@ BEGIN
     END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
                                   check_database => given ? 'database', owner => j.owner);
-    IF given ? 'depends_on' THEN
-        PERFORM pgsched._check_upstreams(j.job_id, s.depends_on);
-    END IF;
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
@@ -812,7 +814,7 @@ BEGIN
     END IF;
     PERFORM pgsched._check_owner_can_login();
     SELECT * INTO cur FROM pgsched.job j
-     WHERE j.owner = current_user::regrole AND j.job_name = schedule.job_name FOR UPDATE;
+     WHERE j.owner = current_user::regrole AND j.job_name = schedule.job_name FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN pgsched._insert_job(kind => 'command', proc => NULL, command => command, check_config => NULL,
                                    if_not_exists => false,

@@ -651,15 +651,16 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._disable_job_v2(job_id integer, reason text)
 RETURNS text LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
+    -- The reason before the pause: pausing passes it on to the job's dependents (07_dependencies.sql).
+    UPDATE pgsched.job_stat s SET disabled_reason = reason,
+           state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
+     WHERE s.job_id = _disable_job_v2.job_id;
     UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = _disable_job_v2.job_id;
     -- A job_disabled event (README "Events"); no run is involved.
     SELECT pg_catalog.pg_notify('pgsched_events',
                                 pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL))
       FROM pgsched.job j WHERE j.job_id = _disable_job_v2.job_id;
-    UPDATE pgsched.job_stat s SET disabled_reason = reason,
-           state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END
-     WHERE s.job_id = _disable_job_v2.job_id
-    RETURNING s.state;
+    SELECT s.state FROM pgsched.job_stat s WHERE s.job_id = _disable_job_v2.job_id;
 $$;
 
 -- Close a batch of runs in one statement (one round trip): _close_batch. Returns the runs

@@ -41,7 +41,7 @@ BEGIN
         s := pgsched._settings(pgsched._settings_defaults(), spec - 'code_module' - 'code_function');
         SELECT * INTO j FROM pgsched.job
          WHERE job.owner = current_user::regrole AND job.job_name = s.job_name
-           FOR UPDATE;
+           FOR NO KEY UPDATE;
         IF NOT FOUND THEN
             iv := pgsched._check_settings(s);
             id := pgsched._store_new_job(kind => 'python', proc_schema => NULL, proc_name => NULL, command => NULL,
@@ -55,9 +55,6 @@ BEGIN
         old := pgsched._job_settings(j);
         iv := pgsched._check_settings(s, check_scope => s.scope_query IS DISTINCT FROM old.scope_query,
                                       check_database => s.database IS DISTINCT FROM old.database);
-        IF s.depends_on IS DISTINCT FROM old.depends_on THEN
-            PERFORM pgsched._check_upstreams(j.job_id, s.depends_on);
-        END IF;
         IF j.kind <> 'python' THEN
             RAISE EXCEPTION USING ERRCODE = '42710',
                 MESSAGE = format('invalid job_name: %L is already the name of %s job %s of role %s',
@@ -82,13 +79,14 @@ BEGIN
          WHERE job.owner = current_user::regrole AND job.kind = 'python' AND job.code_module = ANY (modules)
            AND job.scheduled
            AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(specs) e WHERE e.value->>'job_name' = job.job_name)
-           FOR UPDATE
+           FOR NO KEY UPDATE
     LOOP
-        UPDATE pgsched.job SET scheduled = false WHERE job.job_id = j.job_id;
+        -- The reason first: pausing it passes the reason on to its dependents (07_dependencies.sql).
         UPDATE pgsched.job_stat st
            SET disabled_reason = format('%s.%s is no longer in the code of module %s (deployed %s)',
                                         j.code_module, j.code_function, j.code_module, now())
          WHERE st.job_id = j.job_id;
+        UPDATE pgsched.job SET scheduled = false WHERE job.job_id = j.job_id;
         PERFORM pg_catalog.pg_notify('pgsched_events',
                                      pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL));
         job_id := j.job_id; job_name := j.job_name; action := 'disabled';

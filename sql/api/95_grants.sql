@@ -43,10 +43,10 @@ DECLARE
         -- a concurrency key's limit and wait, read by job_stats and concurrency_limits (25_concurrency.sql);
         -- _key_running is SECURITY DEFINER and returns a count only
         '_key_limit', '_key_default_limit', '_key_running', '_key_wait',
-        -- dependencies (07_dependencies.sql): add_job/alter_job resolve and check depends_on as the
-        -- invoker (_check_upstreams is SECURITY DEFINER and only raises); job_stats reads the wait;
-        -- the trigger of deleted upstreams
-        '_resolve_upstreams', '_check_upstreams', '_depends_form', '_upstream_wait', '_dependency_deleted',
+        -- dependencies (07_dependencies.sql): add_job/alter_job resolve depends_on as the invoker
+        -- (the job's trigger checks it as the schema owner: _sync_dependencies, _check_upstreams);
+        -- job_stats reads the wait; the trigger of deleted upstreams
+        '_resolve_upstreams', '_may_see', '_depends_form', '_upstream_wait', '_dependency_deleted',
         -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check
         -- it before anything else, as whichever role runs them
         '_api'];

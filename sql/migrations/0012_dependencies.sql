@@ -27,7 +27,7 @@ CREATE INDEX job_dependency_upstream_idx ON pgsched.job_dependency (upstream_id)
 -- Read by whoever may read the dependent job (its edges say nothing the jobs view does not).
 ALTER TABLE pgsched.job_dependency ENABLE ROW LEVEL SECURITY;
 CREATE POLICY job_dependency_read ON pgsched.job_dependency FOR SELECT
-    USING (job_id IN (SELECT j.job_id FROM pgsched.job j));
+    USING (EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = job_dependency.job_id));
 GRANT SELECT ON pgsched.job_dependency TO PUBLIC;
 
 -- A dependent's run started by its upstreams' success: trigger 'upstream'.

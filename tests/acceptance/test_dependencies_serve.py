@@ -106,3 +106,27 @@ def test_a_dependent_run_killed_with_its_instance_is_a_crash_and_the_next_succes
     wait_for(lambda: len(runs(db, down, "success")) == 1 or None, 15, "the dependent's next run")
     ups = [r["plan_time"] for r in runs(db, up, "success")]
     assert [(r["plan_time"], r["outcome"]) for r in runs(db, down)] == [(ups[0], "crash"), (ups[1], "success")]
+
+
+def test_a_scheduled_dependent_retries_the_plan_its_upstream_succeeded_for(db: str, serve: ServeFactory) -> None:
+    """The gate is the plan's, not each attempt's: a retry of a plan that took its upstream's success
+    runs (it is not skipped for want of a second success)."""
+    execute(db, SETUP_SQL)
+    # a sequence: a failed run's own writes are rolled back, nextval is not
+    execute(db, """CREATE SEQUENCE public.tries;
+                   CREATE PROCEDURE public.flaky(job_id integer, config jsonb) LANGUAGE plpgsql AS $$
+                   BEGIN
+                       IF nextval('public.tries') = 1 THEN
+                           RAISE EXCEPTION 'first try fails';
+                       END IF;
+                   END $$""")
+    up = add_job(db, "'tick', '1 hour', initial_start => '2100-01-01'")
+    down = add_job(db, "'flaky', '1 hour', initial_start => '2100-01-01', retry_period => '1 second', "
+                       "depends_on => %s", ([str(up)],))
+    serve(db, *FAST)
+    execute(db, f"SELECT FROM pgsched.alter_job({up}, next_start => now())")
+    wait_for(lambda: len(runs(db, up, "success")) == 1 or None, 10, "the upstream's run")
+    execute(db, f"SELECT FROM pgsched.alter_job({down}, next_start => now())")
+    wait_for(lambda: len(runs(db, down, "success")) == 1 or None, 15, "the dependent's retry to succeed")
+    history = query(db, "SELECT trigger, outcome FROM pgsched.job_history WHERE job_id = %s ORDER BY run_id", (down,))
+    assert [(h["trigger"], h["outcome"]) for h in history] == [("schedule", "failure"), ("retry", "success")]

@@ -221,14 +221,18 @@ def test_cycles_and_self_dependency_are_refused_and_nothing_is_written(api: Conn
         api.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (a, [str(a)]))
     assert FORM in str(e.value.diag.message_hint)
     with pytest.raises(psycopg.errors.InvalidParameterValue,
-                       match=f"cycle: job {a} runs after job {c} runs after job {b} runs after job {a}"):
+                       match=rf"it would make a cycle: job {c} already runs after job {a} \(directly or through"):
         api.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (a, [str(c)]))
+    # a direct write of the catalog is held to the same rule
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"job {c} already runs after job {a}"):
+        api.execute("UPDATE pgsched.job SET depends_on = %s WHERE job_id = %s", ([c], a))
     assert snapshot(api) == before
 
 
 @pytest.mark.parametrize(("refs", "problem"), [
     (["no_such_job"], "no job 'no_such_job' that role"),
     (["999999"], "no job '999999' that role"),
+    (["99999999999999999999"], "no job '99999999999999999999' that role"),
     ([""], "'' is not a job"),
     ([None], "NULL is not a job"),
 ])
@@ -252,6 +256,22 @@ def test_after_without_upstreams_and_a_missing_schedule_are_refused(api: Conn) -
     assert snapshot(api) == before
 
 
+def test_a_scheduler_disable_passes_its_reason_on_and_leaving_after_drops_queued_runs(api: Conn) -> None:
+    up = add_job(api, T, job_name="src")
+    down = after(api, ["src"])
+    scalar(api, "SELECT pgsched._disable_job_v2(%s, 'the owner role was dropped')", (up,))
+    reason = scalar(api, "SELECT disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (down,))
+    assert reason == f"upstream job {up} (src) is disabled (the owner role was dropped): resume it, then this job"
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (up,))
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert queued(api) == [(down, T)]
+    # given a schedule of its own, the run its upstream queued would run beside it: it goes
+    api.execute("SELECT pgsched.alter_job(%s, schedule => '1 hour')", (down,))
+    assert queued(api) == []
+
+
 def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, db: str) -> None:
     up = add_job(api, T, job_name="private")
     role = f"dep_{abs(hash(db)) % 100000}"
@@ -265,6 +285,13 @@ def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, 
                 with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"no job .* that role"):
                     api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => %s)", ([ref],))
             assert scalar(api, "SELECT count(*) FROM pgsched.job") == 0
+            # nor by writing the catalog, nor by asking the cycle check about it
+            mine = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour')"))
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"no job '{up}' that role"):
+                api.execute("UPDATE pgsched.job SET depends_on = %s WHERE job_id = %s", ([up], mine))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                api.execute("SELECT pgsched._check_upstreams(%s, %s)", (up, [mine]))
+            assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
         finally:
             api.execute("RESET ROLE")
     finally:

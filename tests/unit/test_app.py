@@ -130,6 +130,14 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "concurrency_key": "  "}, "concurrency_key must be a name of 1 to 200 characters"),
     ({"every": "1 minute", "concurrency_key": "k" * 201}, "concurrency_key must be a name of 1 to 200 characters"),
     ({"every": "1 minute", "concurrency_key": 7}, "concurrency_key must be a name of 1 to 200 characters"),
+    ({}, "give exactly one of every= .*, or after="),
+    ({"after": "extract"}, "after must be a list of 1 to 100 jobs"),
+    ({"after": []}, "after must be a list of 1 to 100 jobs"),
+    ({"after": ["x"] * 101}, "after must be a list of 1 to 100 jobs"),
+    ({"after": [""]}, "'' is none of these"),
+    ({"after": [0]}, "0 is none of these"),
+    ({"after": [True]}, "True is none of these"),
+    ({"after": [print]}, "declare a handler with @pgsched.job before naming it"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
@@ -227,3 +235,29 @@ def test_a_concurrency_key_is_declared_as_written() -> None:
 
     pgsched.job(every="1 minute", name="heavy", concurrency_key="nightly-heavy")(heavy)
     assert app.REGISTRY["heavy"].catalog_row()["concurrency_key"] == "nightly-heavy"
+
+
+def test_after_names_jobs_by_name_id_or_handler_and_has_no_schedule_of_its_own() -> None:
+    def extract(run: pgsched.Run) -> None: ...
+
+    def load(run: pgsched.Run) -> None: ...
+
+    def check(run: pgsched.Run) -> None: ...
+
+    pgsched.job(every="1 hour", name="extract")(extract)
+    pgsched.job(after=[extract, "other.job", 1042], name="load")(load)
+    pgsched.job(every="5 minutes", after=["load"], name="check")(check)
+    row = app.REGISTRY["load"].catalog_row()
+    assert (row["schedule"], row["depends_on"]) == ("@after", ["extract", "other.job", "1042"])
+    row = app.REGISTRY["check"].catalog_row()
+    assert (row["schedule"], row["depends_on"]) == ("00:05:00", ["load"])
+    assert app.REGISTRY["extract"].catalog_row()["depends_on"] is None
+
+
+def test_the_deploy_order_puts_each_job_after_the_declared_jobs_it_depends_on() -> None:
+    # by name a, b, c, d; c runs after d and b after c: d, c, b go in that order, a stays first
+    for name, after in (("a", None), ("b", ["c"]), ("c", ["d", "elsewhere"]), ("d", None)):
+        def h(run: pgsched.Run) -> None: ...
+        h.__qualname__ = f"h_{name}"
+        pgsched.job(every="1 hour", name=name, after=after)(h)
+    assert [s.name for s in app.registered()] == ["a", "d", "c", "b"]
