@@ -107,7 +107,9 @@ SELECT j.job_id, j.job_name, j.kind,
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first, a job's priority counted as that many seconds more overdue: migration
 -- 0008; a job is due at next_start plus its plan's jitter: 0010, whose index gives this order),
--- then, with the workers left, queued runs of scoped jobs.
+-- then, with the workers left, queued runs (of scoped jobs, and of @after jobs whose upstreams
+-- succeeded: 07_dependencies.sql). While queued runs are claimable, due jobs take at most half of
+-- the workers, so that neither starves the other when the workers are short.
 -- Each gets a 'running' job_run row carrying the worker that will run it and a lease
 -- token, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED and the
 -- state check let several schedulers claim at once without waiting on or
@@ -139,6 +141,11 @@ SET enable_bitmapscan = off AS $$
 -- function would plan the whole query again on every claim.
 DECLARE
     keyed boolean;
+    -- Workers kept for queued runs: as many as are claimable, up to half.
+    for_queued integer := (SELECT count(*)::integer
+                             FROM (SELECT 1 FROM pgsched._claimable_scope_runs c
+                                    WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules)
+                                    LIMIT cardinality(worker_pids) / 2) x);
 BEGIN
     -- On the partial index of keyed due jobs, and the queued scope runs (usually none; with many
     -- queued runs of unkeyed jobs this walks them until a keyed one, a plain index scan).
@@ -181,7 +188,7 @@ BEGIN
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
                    AND (s.concurrency_key IS NULL OR f.free > 0)
                  ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority), s.job_id
-                 LIMIT cardinality(worker_pids)
+                 LIMIT cardinality(worker_pids) - for_queued
                    FOR UPDATE OF s SKIP LOCKED) s
     ), due AS (
         -- Within the batch, a key takes no more than its room; n: the worker each run goes to.

@@ -319,3 +319,19 @@ def test_no_dependency_costs_the_close_nothing_but_a_probe(api: Conn) -> None:
     run_once(api, me, T)
     assert queued(api) == []
     assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (up,)) == 1
+
+
+def test_queued_runs_get_half_the_workers_while_due_jobs_are_many(api: Conn) -> None:
+    """Neither starves the other when the workers are short: while runs are queued, due jobs take at
+    most half of the workers (the rest, and whatever the queue leaves, goes to the queue)."""
+    ups = [add_job(api, T) for _ in range(3)]
+    downs = [after(api, [u]) for u in ups]
+    me = register(api, T - S)
+    run_once(api, me, T)
+    assert [q for q, _ in queued(api)] == downs
+    busy = [add_job(api, T + S) for _ in range(10)]
+    got = claim(api, me, T + 2 * S, workers=4)
+    assert sorted(r["job_id"] for r in got) == sorted([*busy[:2], *downs[:2]])
+    # with one queued run left, due jobs take the rest
+    got = claim(api, me, T + 3 * S, workers=4)
+    assert sorted(r["job_id"] for r in got) == sorted([*busy[2:5], downs[2]])
