@@ -1,6 +1,6 @@
 """The scheduler's two per-run statements, the claim and the close, timed against another release.
 
-    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150] [--concurrency]
+    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150] [--concurrency] [--dependencies]
 
 One cluster, two databases: `a` gets the schema of the release at git ref --against (checked out
 into a temporary worktree and installed by its own `pgsched.migrate`), `b` this tree's. Each has
@@ -9,7 +9,9 @@ into a temporary worktree and installed by its own `pgsched.migrate`), `b` this 
 `_claim`; this release's `_close_runs` and `_claim_v2`). Blocks of --block rounds alternate
 between the two databases --rounds times, so that both see the same machine; the figures are the
 medians of the blocks' mean milliseconds per statement. No Python of either scheduler is timed:
-this isolates the database's side of a round.
+this isolates the database's side of a round. --dependencies: half of this tree's jobs (the odd
+ids) run after the job before them, with no schedule of their own: each success of an upstream
+queues a run of its dependent in the close, which a later claim takes.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from scheduler import add_jobs
 ROOT = Path(__file__).resolve().parent.parent
 # Each release's names for the two statements.
 STATEMENTS = {
-    "a": ("SELECT run_id, started_at, lease_token FROM pgsched._claim(%s, %s, %s, '0', '{}')",
+    "a": ("SELECT run_id, started_at, lease_token, job_id FROM pgsched._claim(%s, %s, %s, '0', '{}')",
           "SELECT * FROM pgsched._finish_runs(%s)"),
-    "b": ("SELECT run_id, started_at, lease_token FROM pgsched._claim_v2(%s, %s, %s, '0', '{}')",
+    "b": ("SELECT run_id, started_at, lease_token, job_id FROM pgsched._claim_v2(%s, %s, %s, '0', '{}')",
           "SELECT * FROM pgsched._close_runs(%s)"),
 }
 WORKERS = list(range(100_000, 100_008))
@@ -65,6 +67,9 @@ class Client:
         assert row is not None
         self.instance_id = int(row[0])
         self.open: list[dict[str, Any]] = []
+        # @after jobs: the scheduler closes their runs with no next start (pgsched.state.end_of_run)
+        self.after = {int(r[0]) for r in self.conn.execute(
+            "SELECT job_id FROM pgsched.jobs WHERE schedule = '@after'").fetchall()} if name == "b" else set()
         self.claim_ms: list[float] = []
         self.close_ms: list[float] = []
 
@@ -81,11 +86,12 @@ class Client:
             claim += t2 - t1
             # What the scheduler sends for a trivial successful run, due again at once.
             self.open = [{"run_id": run_id, "outcome": "success", "sqlstate": None, "message": None,
-                          "next_start": started.isoformat(), "finished_at": started.isoformat(),
+                          "next_start": None if job_id in self.after else started.isoformat(),
+                          "finished_at": started.isoformat(),
                           "disable_reason": None, "rows_affected": None, "result": None, "skipped": 0,
                           "skipped_first": None, "skipped_last": None, "worker_pid": None, "backend_pid": None,
                           "lease_token": token, "scopes": None, "schedule_delay_s": 0.0}
-                         for run_id, started, token in rows]
+                         for run_id, started, token, job_id in rows]
         if keep:
             self.claim_ms.append(1000 * claim / rounds)
             self.close_ms.append(1000 * close / rounds)
@@ -98,6 +104,8 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=150, help="claim+close rounds per block")
     ap.add_argument("--concurrency", action="store_true",
                     help="this tree's jobs: half on one concurrency key with a limit of 100 (never binding)")
+    ap.add_argument("--dependencies", action="store_true",
+                    help="this tree's jobs: half run after the job before them (no schedule of their own)")
     args = ap.parse_args()
     other = Path(tempfile.mkdtemp(prefix="pgsched-bench-release-")) / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
@@ -114,6 +122,11 @@ def main() -> None:
                 with psycopg.connect(dsns["b"], autocommit=True) as conn:
                     conn.execute("SELECT pgsched.set_concurrency_limit('bench', 100)")
                     conn.execute("UPDATE pgsched.job SET concurrency_key = 'bench' WHERE job_id % 2 = 1")
+            if args.dependencies:
+                with psycopg.connect(dsns["b"], autocommit=True) as conn:
+                    conn.execute("UPDATE pgsched.job SET depends_on = ARRAY[job_id - 1], schedule = '@after' "
+                                 "WHERE job_id % 2 = 1")
+                    conn.execute("UPDATE pgsched.job_stat SET next_start = NULL WHERE job_id % 2 = 1")
             # A release from 0.2.0 on has this tree's statement names.
             with psycopg.connect(dsns["a"]) as conn:
                 v2 = conn.execute("SELECT to_regproc('pgsched._close_runs') IS NOT NULL").fetchone()
@@ -124,7 +137,7 @@ def main() -> None:
                 for c in clients.values():
                     c.block(args.block)
             out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": 8,
-                                   "concurrency": args.concurrency}
+                                   "concurrency": args.concurrency, "dependencies": args.dependencies}
             for name, c in clients.items():
                 label = args.against if name == "a" else "this tree"
                 out[label] = {"claim_ms": round(statistics.median(c.claim_ms), 3),
