@@ -61,8 +61,6 @@ class Dispatch(LoopState):
             # ask when the next one is, but do not spin on a row we cannot have.
             self.dirty = True
             self._hold_claims_until = time.monotonic() + 0.05
-        if any(c.run is not None and c.run.queued for c in claimed):
-            self.dirty = True  # more queued runs may be waiting: _next_due knows, the claim does not
         self._launch_claimed(claimed, "claimed")
 
     def _launch_claimed(self, claimed: list[Claimed], how: str) -> None:
@@ -360,10 +358,9 @@ class Dispatch(LoopState):
         if self.metrics is not None:
             self.metrics.run_ended(outcome, (finish - run.started_at).total_seconds())
         job = run.job
-        if run.queued:
-            self.dirty = True  # a worker is free and queued runs (scopes, an @after job's next) may be waiting
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.
+            self.dirty = True  # a worker is free and queued scope runs may be waiting
             if log.isEnabledFor(logging.INFO):
                 duration = (finish - run.started_at).total_seconds()
                 log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,

@@ -124,13 +124,6 @@ class Run:
     cancelled_by: str | None = None  # the role whose cancel_job request stopped it
 
     @property
-    def queued(self) -> bool:
-        """A run that was queued before it was claimed: a scope run, or an @after job's run that its
-        upstreams queued (sql/api/07_dependencies.sql). The claim does not say when the next such run
-        is due; _next_due does."""
-        return bool(self.scope) or (self.job.schedule.by_database and bool(self.job.depends_on))
-
-    @property
     def fans_out(self) -> bool:
         """The plan run of a scoped job: it queues one run per scope instead of running the job."""
         return not self.scope and self.job.scope_query is not None

@@ -120,7 +120,9 @@ class Scheduler(Requests):
                 self.store.wake_peers()
             if self.store.drain_notifies():
                 self.dirty = True
-                self._cancel_deleted_runs()
+                if self.store.catalog_changed:  # a job may have been deleted
+                    self.store.catalog_changed = False
+                    self._cancel_deleted_runs()
                 self._take_requests()
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:

@@ -35,6 +35,9 @@ log = logging.getLogger("pgsched.store")
 
 CHANNEL = "pgsched_catalog"
 REQUEST_PREFIXES = ("trigger:", "cancel:")
+# Notifications that say only that runs became claimable: queued scope runs (_close_batch), runs an
+# upstream's success queued (07_dependencies.sql), a concurrency key freed (_end_runs).
+RUNS_CLAIMABLE = frozenset({"scopes", "job_run:upstream", "concurrency_key:free"})
 
 
 @lru_cache(maxsize=4096)
@@ -195,6 +198,7 @@ class Store:
         # wakes the loop: count those through a handler so that none is lost.
         self._notified = 0
         self.requests: list[str] = []  # payloads of trigger_job / cancel_job, not acted on yet
+        self.catalog_changed = False  # a notification other than RUNS_CLAIMABLE arrived since the last drain
         self.conn.add_notify_handler(self._on_notify)
         # A standby refuses LISTEN (it cannot queue notifications): the scheduler
         # calls listen() when the server is promoted.
@@ -292,6 +296,10 @@ class Store:
         # trigger_job and cancel_job ask through the payload (sql/api/50_requests.sql).
         if payload.startswith(REQUEST_PREFIXES):
             self.requests.append(payload)
+        # Runs became claimable (queued runs, a free concurrency key): the plan is to be read again,
+        # nothing was deleted.
+        if payload not in RUNS_CLAIMABLE:
+            self.catalog_changed = True
 
     @property
     def notified(self) -> bool:

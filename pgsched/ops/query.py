@@ -101,7 +101,7 @@ def jobs(conn: Conn, *, state: str | None = None, failing: bool = False, owner: 
     return conn.execute(
         "SELECT s.job_id, s.job_name, s.owner::text AS owner, j.kind, j.schedule, j.priority, s.state, s.next_start, "
         "       lr.last_outcome, lr.last_outcome_at, s.consecutive_failures, s.consecutive_crashes, "
-        "       s.disabled_reason, j.concurrency_key, s.waiting_for "
+        "       s.disabled_reason, j.concurrency_key, j.depends_on, s.waiting_for "
         "  FROM pgsched.job_stats s JOIN pgsched.jobs j ON j.job_id = s.job_id" + _LAST_RUN +
         " WHERE (%(state)s::text IS NULL OR s.state = %(state)s) "
         "   AND (%(owner)s::text IS NULL OR s.owner::text = %(owner)s) "

@@ -255,7 +255,7 @@ CREATE OR REPLACE FUNCTION pgsched._upstreams_succeeded(upstreams integer[], pla
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    queued integer;
+    new_runs bigint[];
 BEGIN
     -- Every edge of every dependent concerned, in one order: a close of another upstream of the same
     -- dependent waits here for this one's commit, and its next statement then sees this one's mark.
@@ -281,18 +281,22 @@ BEGIN
         INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome)
         SELECT r.job_id, r.plan_time, 'upstream', 'queued' FROM ready r
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
-        RETURNING 1
+        RETURNING run_id
     ), consumed AS (
         UPDATE pgsched.job_dependency d SET succeeded_plan = NULL, succeeded_at = NULL
           FROM ready r WHERE d.job_id = r.job_id
         RETURNING 1
     )
-    SELECT count(*) INTO queued FROM runs;
-    IF queued > 0 THEN
-        -- Any instance may claim them: wake them all (one notification per close, not per run).
+    SELECT array_agg(r.run_id) INTO new_runs FROM runs r;
+    -- Any instance may claim them: wake them all, when the queue was empty. While it is not, the
+    -- instances are claiming from it already, and the claim tells each whether runs are left
+    -- (_claim_v2's next_due): a notification per close would serialise commits on the notification
+    -- queue's lock, and make every instance ask again what is due.
+    IF new_runs IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pgsched.job_run q
+                                             WHERE q.outcome = 'queued' AND NOT (q.run_id = ANY (new_runs))) THEN
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'job_run:upstream');
     END IF;
-    RETURN queued;
+    RETURN coalesce(cardinality(new_runs), 0);
 END
 $$;
 

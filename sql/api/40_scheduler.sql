@@ -277,17 +277,25 @@ BEGIN
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            -- When the next job not claimed here is due, so the scheduler needs no
            -- separate query to know how long to sleep (evaluated once, on the index); a due job
-           -- whose key was full before this claim is passed over, as _next_due does.
-           (SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
-              FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
-             WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
-               AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
-               AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
-               AND (s2.concurrency_key IS NULL
-                    OR pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us)
-                       > pg_catalog.timezone('UTC', _claim_v2.now)
-                    OR s2.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
-             ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
+           -- whose key was full before this claim is passed over, as _next_due does. A claimable
+           -- queued run this claim left is due now.
+           least((SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
+                    FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
+                   WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
+                     AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
+                     AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
+                     AND (s2.concurrency_key IS NULL
+                          OR pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us)
+                             > pg_catalog.timezone('UTC', _claim_v2.now)
+                          OR s2.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
+                   ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
+                 (SELECT _claim_v2.now FROM pgsched._claimable_scope_runs c2
+                    JOIN pgsched.job_stat s3 ON s3.job_id = c2.job_id
+                   WHERE (c2.kind <> 'python' OR c2.code_module = ANY (code_modules))
+                     AND NOT EXISTS (SELECT 1 FROM queued q2 WHERE q2.run_id = c2.run_id)
+                     AND (s3.concurrency_key IS NULL
+                          OR s3.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
+                   LIMIT 1)),
            clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
            v.concurrency_key, v.depends_on
       FROM claimed c

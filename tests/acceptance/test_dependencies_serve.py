@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from tests.acceptance.conftest import ServeFactory, query, wait_for
-from tests.acceptance.test_ops_cli import execute
+from tests.acceptance.test_ops_cli import execute, ok_json
 from tests.acceptance.test_serve import FAST, SETUP_SQL, add_job, running_run, wait_outcome
 
 
@@ -63,6 +63,10 @@ def test_each_upstream_success_runs_each_dependent_once_across_two_instances(db:
     skipped = [r for r in g_runs if r["outcome"] == "skipped"]
     assert 1 <= len(g_ok) <= len(b_ok)
     assert skipped and all("upstream job(s) not succeeded" in r["message"] for r in skipped)
+    # the operator's view
+    jobs = {j["job_id"]: j for j in ok_json("jobs", "--dsn", db)}
+    assert (jobs[e]["schedule"], jobs[e]["depends_on"]) == ("@after", sorted([c, d]))
+    assert jobs[a]["depends_on"] is None
 
 
 def test_python_jobs_run_after_the_jobs_they_name(db: str, serve: ServeFactory) -> None:

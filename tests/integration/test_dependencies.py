@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.helpers import Conn, rows, scalar, snapshot
+from tests.integration.helpers import Conn, collect_notifications, rows, scalar, snapshot
 from tests.integration.test_core_sql_time import S, T, add_job, claim, register
 
 FORM = "job ids or names of jobs the job's owner may see"
@@ -335,3 +335,23 @@ def test_queued_runs_get_half_the_workers_while_due_jobs_are_many(api: Conn) -> 
     # with one queued run left, due jobs take the rest
     got = claim(api, me, T + 3 * S, workers=4)
     assert sorted(r["job_id"] for r in got) == sorted([*busy[2:5], downs[2]])
+
+
+def test_a_claim_says_queued_runs_are_left_and_only_an_empty_queue_wakes_the_schedulers(api: Conn, db: str) -> None:
+    ups = [add_job(api, T) for _ in range(3)]
+    downs = [after(api, [u]) for u in ups]
+    me = register(api, T - S)
+    with psycopg.connect(db, autocommit=True) as listener:
+        listener.execute("LISTEN pgsched_catalog")
+        [first, *rest] = claim(api, me, T, workers=4)
+        end(api, first["run_id"], T + S)
+        # the queue was empty: the run it queued wakes every instance
+        assert "job_run:upstream" in collect_notifications(listener, api)
+        for r in rest:
+            end(api, r["run_id"], T + S)
+        # more runs queued behind it: no notification each (the instances are claiming already)
+        assert "job_run:upstream" not in collect_notifications(listener, api)
+    got = claim(api, me, T + 2 * S, workers=2)
+    assert sorted(r["job_id"] for r in got) == downs[:2]
+    # one queued run is left: the claim says it is due now, so the scheduler claims again
+    assert {r["next_due"] for r in got} == {T + 2 * S}
