@@ -247,34 +247,41 @@ CREATE OR REPLACE TRIGGER job_upstream_deleted AFTER DELETE ON pgsched.job
     FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted();
 
 -- Upstream plan runs that succeeded (the close calls this: their jobs and plan times, in the close's
--- transaction): mark the edges they feed, then queue a run of each '@after' dependent whose edges are
+-- transaction): mark the edges they feed, queue a run of each '@after' dependent whose edges are then
 -- all marked, and consume its marks. A paused dependent is not queued; its marks wait for it.
--- Returns how many runs it queued (and wakes the schedulers when there are any).
+-- Returns how many runs it queued. One statement (it runs in the close of every upstream):
+-- * every edge of every dependent concerned is locked first, in one order (job_id, upstream_id):
+--   a close of another upstream of the same dependent waits for this one's commit, and FOR UPDATE
+--   then returns each edge as last committed, so the second close sees the first's mark;
+-- * what the edges will hold is worked out from those rows and the batch, and written once.
+-- The schedulers are woken when the queue was empty before (see below).
 CREATE OR REPLACE FUNCTION pgsched._upstreams_succeeded(upstreams integer[], plan_times timestamptz[],
                                                         now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     new_runs bigint[];
+    queue_was_empty boolean;
 BEGIN
-    -- Every edge of every dependent concerned, in one order: a close of another upstream of the same
-    -- dependent waits here for this one's commit, and its next statement then sees this one's mark.
-    PERFORM 1 FROM pgsched.job_dependency d
-     WHERE d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
-     ORDER BY d.job_id, d.upstream_id
-       FOR UPDATE;
-    UPDATE pgsched.job_dependency d
-       SET succeeded_plan = greatest(d.succeeded_plan, u.plan_time), succeeded_at = _upstreams_succeeded.now
-      FROM (SELECT x.upstream_id, max(x.plan_time) AS plan_time
-              FROM unnest(upstreams, plan_times) AS x(upstream_id, plan_time) GROUP BY x.upstream_id) u
-     WHERE d.upstream_id = u.upstream_id;
-    WITH ready AS (
-        SELECT d.job_id, max(d.succeeded_plan) AS plan_time
-          FROM pgsched.job_dependency d JOIN pgsched.job j ON j.job_id = d.job_id
+    WITH batch AS (
+        SELECT x.upstream_id, max(x.plan_time) AS plan_time
+          FROM unnest(upstreams, plan_times) AS x(upstream_id, plan_time) GROUP BY x.upstream_id
+    ), locked AS (
+        SELECT d.job_id, d.upstream_id, d.succeeded_plan FROM pgsched.job_dependency d
+         WHERE d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
+         ORDER BY d.job_id, d.upstream_id
+           FOR UPDATE
+    ), edges AS (
+        SELECT l.job_id, l.upstream_id, b.upstream_id IS NOT NULL AS fed,
+               CASE WHEN b.upstream_id IS NULL THEN l.succeeded_plan
+                    ELSE greatest(l.succeeded_plan, b.plan_time) END AS mark
+          FROM locked l LEFT JOIN batch b ON b.upstream_id = l.upstream_id
+    ), ready AS (
+        SELECT e.job_id, max(e.mark) AS plan_time
+          FROM edges e JOIN pgsched.job j ON j.job_id = e.job_id
          WHERE j.schedule = '@after' AND j.scheduled
-           AND d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
-         GROUP BY d.job_id
-        HAVING bool_and(d.succeeded_plan IS NOT NULL)
+         GROUP BY e.job_id
+        HAVING bool_and(e.mark IS NOT NULL)
     ), runs AS (
         -- A plan that already has a run of the job (its upstreams succeeded twice for one plan: a
         -- takeover's second attempt) is not run again.
@@ -282,18 +289,24 @@ BEGIN
         SELECT r.job_id, r.plan_time, 'upstream', 'queued' FROM ready r
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
         RETURNING run_id
-    ), consumed AS (
-        UPDATE pgsched.job_dependency d SET succeeded_plan = NULL, succeeded_at = NULL
-          FROM ready r WHERE d.job_id = r.job_id
+    ), written AS (
+        -- A ready dependent's edges are consumed; the others' fed edges take their mark.
+        UPDATE pgsched.job_dependency d
+           SET succeeded_plan = CASE WHEN r.job_id IS NULL THEN e.mark END,
+               succeeded_at = CASE WHEN r.job_id IS NULL THEN _upstreams_succeeded.now END
+          FROM edges e LEFT JOIN ready r ON r.job_id = e.job_id
+         WHERE d.job_id = e.job_id AND d.upstream_id = e.upstream_id AND (r.job_id IS NOT NULL OR e.fed)
         RETURNING 1
     )
-    SELECT array_agg(r.run_id) INTO new_runs FROM runs r;
+    -- The statement's snapshot: the queue before these runs.
+    SELECT (SELECT array_agg(r.run_id) FROM runs r),
+           NOT EXISTS (SELECT 1 FROM pgsched.job_run q WHERE q.outcome = 'queued')
+      INTO new_runs, queue_was_empty;
     -- Any instance may claim them: wake them all, when the queue was empty. While it is not, the
     -- instances are claiming from it already, and the claim tells each whether runs are left
     -- (_claim_v2's next_due): a notification per close would serialise commits on the notification
     -- queue's lock, and make every instance ask again what is due.
-    IF new_runs IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pgsched.job_run q
-                                             WHERE q.outcome = 'queued' AND NOT (q.run_id = ANY (new_runs))) THEN
+    IF new_runs IS NOT NULL AND queue_was_empty THEN
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'job_run:upstream');
     END IF;
     RETURN coalesce(cardinality(new_runs), 0);

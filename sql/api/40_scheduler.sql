@@ -43,16 +43,20 @@ SELECT pgsched._drop_functions(ARRAY[
     '_terminate_run_backend',
     '_unplanned']);
 
--- Queued scope runs a scheduler may claim: of a scheduled job, and the oldest queued
--- run of their (job, scope) with no run of that scope in progress (a scope runs one plan
--- at a time). Read by _claim_v2 and _next_due; a view, so it is inlined into both.
+-- Queued runs a scheduler may claim (scope runs, and @after jobs' runs: 07_dependencies.sql): of a
+-- scheduled job, and the oldest queued run of their (job, scope) with no run of that scope in
+-- progress (a scope runs one plan at a time). Read by _claim_v2 and _next_due; a view, so it is
+-- inlined into both. Two tests, each on its partial index (running runs by job; queued runs by
+-- job, scope and plan): one test with an OR read the job's whole history for every queued run.
 CREATE OR REPLACE VIEW pgsched._claimable_scope_runs AS
 SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
   FROM pgsched.job_run q JOIN pgsched.job j ON j.job_id = q.job_id
  WHERE q.outcome = 'queued' AND j.scheduled
    AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
-                    WHERE o.job_id = q.job_id AND o.scope = q.scope
-                      AND (o.outcome = 'running' OR (o.outcome = 'queued' AND o.plan_time < q.plan_time)));
+                    WHERE o.job_id = q.job_id AND o.outcome = 'running' AND o.scope = q.scope)
+   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                    WHERE o.job_id = q.job_id AND o.scope = q.scope AND o.outcome = 'queued'
+                      AND o.plan_time < q.plan_time);
 
 -- A run to launch, as _claim_v2 and _take_over_v2 return it: the run, its job's counters before
 -- it, and what pgsched._job_launch says about the job, every setting of pgsched.job_settings

@@ -30,6 +30,10 @@ CREATE POLICY job_dependency_read ON pgsched.job_dependency FOR SELECT
     USING (EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = job_dependency.job_id));
 GRANT SELECT ON pgsched.job_dependency TO PUBLIC;
 
+-- Whether a queued run is the oldest of its (job, scope): the claim asks for every queued run it
+-- looks at (sql/api/40_scheduler.sql, _claimable_scope_runs). Queued runs are few.
+CREATE INDEX job_run_queued_job_idx ON pgsched.job_run (job_id, scope, plan_time) WHERE outcome = 'queued';
+
 -- A dependent's run started by its upstreams' success: trigger 'upstream'.
 ALTER TABLE pgsched.job_run DROP CONSTRAINT job_run_trigger_check;
 ALTER TABLE pgsched.job_run ADD CONSTRAINT job_run_trigger_check
