@@ -34,6 +34,10 @@ GRANT SELECT ON pgsched.job_dependency TO PUBLIC;
 -- looks at (sql/api/40_scheduler.sql, _claimable_scope_runs). Queued runs are few.
 CREATE INDEX job_run_queued_job_idx ON pgsched.job_run (job_id, scope, plan_time) WHERE outcome = 'queued';
 
+-- The jobs with a concurrency key, for the claim's first question (whether a keyed run is queued),
+-- which walked every queued run otherwise.
+CREATE INDEX job_stat_keyed_idx ON pgsched.job_stat (job_id) WHERE concurrency_key IS NOT NULL;
+
 -- A dependent's run started by its upstreams' success: trigger 'upstream'.
 ALTER TABLE pgsched.job_run DROP CONSTRAINT job_run_trigger_check;
 ALTER TABLE pgsched.job_run ADD CONSTRAINT job_run_trigger_check
