@@ -145,11 +145,6 @@ SET enable_bitmapscan = off AS $$
 -- function would plan the whole query again on every claim.
 DECLARE
     keyed boolean;
-    -- Workers kept for queued runs: as many as are claimable, up to half.
-    for_queued integer := (SELECT count(*)::integer
-                             FROM (SELECT 1 FROM pgsched._claimable_scope_runs c
-                                    WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules)
-                                    LIMIT cardinality(worker_pids) / 2) x);
 BEGIN
     -- On the partial index of keyed due jobs, and the queued scope runs (usually none; with many
     -- queued runs of unkeyed jobs this walks them until a keyed one, a plain index scan).
@@ -194,7 +189,12 @@ BEGIN
                    AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
                    AND (s.concurrency_key IS NULL OR f.free > 0)
                  ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority), s.job_id
-                 LIMIT cardinality(worker_pids) - for_queued
+                 -- Workers kept for queued runs: as many as are claimable, up to half (in the
+                 -- statement, not a statement of its own: a tenth of the claim's time).
+                 LIMIT cardinality(worker_pids)
+                       - (SELECT count(*) FROM (SELECT 1 FROM pgsched._claimable_scope_runs c
+                                                 WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules)
+                                                 LIMIT cardinality(worker_pids) / 2) x)
                    FOR UPDATE OF s SKIP LOCKED) s
     ), due AS (
         -- Within the batch, a key takes no more than its room; n: the worker each run goes to.
