@@ -11,7 +11,7 @@ import selectors
 import signal
 import time
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -22,7 +22,7 @@ from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.loop_state import LoopState
 from pgsched.model import Run
-from pgsched.state import JobState, Outcome, end_of_run, log_change
+from pgsched.state import JobState, Outcome, RunEnd, end_of_run, log_change
 from pgsched.store import Claimed, Closed, Finish
 
 log = logging.getLogger("pgsched.scheduler")
@@ -171,13 +171,18 @@ class Dispatch(LoopState):
         count, last = end.excluded
         if count:
             message += f"; the {count} later plan(s) up to {last.isoformat() if last else '?'} too"
+        self._close_skipped(run, end, message, now, excluded=count)
+
+    def _close_skipped(self, run: Run, end: RunEnd, message: str, now: datetime, *, excluded: int = 0) -> None:
+        """Close a claimed plan that was not run as skipped (its worker stays idle), planning the job as `end` says."""
+        job = run.job
         if end.disable_reason:
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
             message = f"{message} [{end.disable_reason}]"
         log.info("run skipped job=%s run=%s plan=%s: %s", job.job_id, run.run_id, run.plan_time.isoformat(), message)
         self.pending.append(Finish(
             run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
-            finished_at=now, disable_reason=end.disable_reason, excluded=count,
+            finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped, excluded=excluded,
             lease_token=run.lease_token, schedule_delay=job.schedule_delay.total_seconds()))
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start
@@ -199,14 +204,7 @@ class Dispatch(LoopState):
         now = self.clock.now()
         end = end_of_run(job, outcome=Outcome.SUCCESS, plan_time=run.plan_time, finish=now,
                          consecutive_failures=0, consecutive_crashes=0, message=None, rng=self.rng)
-        message = f"plan skipped: {why}"
-        log.info("run skipped job=%s run=%s plan=%s: %s", job.job_id, run.run_id, run.plan_time.isoformat(), message)
-        self.pending.append(Finish(
-            run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
-            finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped,
-            lease_token=run.lease_token, schedule_delay=job.schedule_delay.total_seconds()))
-        if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
-            self.next_due = end.next_start
+        self._close_skipped(run, end, f"plan skipped: {why}", now)
 
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""

@@ -312,8 +312,7 @@ def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
     assert waiting(api, down) is None
 
 
-def test_no_dependency_costs_the_close_nothing_but_a_probe(api: Conn) -> None:
-    """The close of a job nothing depends on queues nothing and takes no lock on job_dependency."""
+def test_the_close_of_a_job_nothing_depends_on_queues_nothing(api: Conn) -> None:
     up = add_job(api, T)
     me = register(api, T - S)
     run_once(api, me, T)
