@@ -20,8 +20,9 @@ script checks:
   closed as abandoned, the instance that closed them.
 * with --dependents N: N more jobs with no schedule of their own, each run after one of the jobs above (chosen
   at random: some upstreams get several, a fan-out), its effect row naming the plan time its upstream passed on.
-  Every success of an upstream must give each of its dependents exactly one run of that plan time (a run still
-  queued at the end counts), and no other: dependent runs missing and extra must both be 0 (README "Dependencies").
+  Every success of an upstream must give each of its dependents exactly one run of that plan time (a plan given
+  and not started at the end counts), and no other: dependent runs missing and extra must both be 0 (README
+  "Dependencies").
 * success runs without an effect row (should be 0); effect rows of runs that did not end in success (possible: the
   job committed, its close was lost, e.g. an orphan backend of a killed instance finishing its statement).
 * crashes caused (workers killed mid-run, runs in progress on killed instances and at the PostgreSQL restart,
@@ -622,8 +623,9 @@ def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int]:
     """Each dependent's runs against its upstream's successes: (missing, extra, runs of dependents).
 
     Missing: an upstream success that closed before `until` whose plan time the dependent has no run of
-    (any outcome: queued at the end counts). Extra: a dependent run whose plan time is no success of its
-    upstream, or a plan time it ran twice (the unique key forbids that; checked anyway)."""
+    (any outcome; a plan given and not yet started at the end counts: pgsched._upstream_plans). Extra: a
+    dependent run or plan whose plan time is no success of its upstream, or a plan time it ran or was
+    given twice (the unique key forbids running it twice; checked anyway)."""
     missing: list[str] = []
     extra: list[str] = []
     total = 0
@@ -631,7 +633,9 @@ def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int]:
                            "ORDER BY job_id"):
         ok = {(p, f) for p, f in db.rows("SELECT plan_time, finished_at FROM pgsched.job_run "
                                         "WHERE job_id = %s AND outcome = 'success'", (up,))}
-        planned = Counter(p for (p,) in db.rows("SELECT plan_time FROM pgsched.job_run WHERE job_id = %s", (dep,)))
+        planned = Counter(p for (p,) in db.rows("SELECT plan_time FROM pgsched.job_run WHERE job_id = %s "
+                                                "UNION ALL SELECT plan_time FROM pgsched._upstream_plans "
+                                                "WHERE job_id = %s", (dep, dep)))
         total += sum(planned.values())
         ok_plans = {p for p, _ in ok}
         missing += [f"job {dep}: no run for plan {p.isoformat()} of upstream {up}"

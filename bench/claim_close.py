@@ -11,7 +11,7 @@ between the two databases --rounds times, so that both see the same machine; the
 medians of the blocks' mean milliseconds per statement. No Python of either scheduler is timed:
 this isolates the database's side of a round. --dependencies: half of this tree's jobs (the odd
 ids) run after the job before them, with no schedule of their own: each success of an upstream
-queues a run of its dependent in the close, which a later claim takes.
+makes its dependent due in the close, and a later claim starts it.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # --concurrency: half of them (the odd ids) on one concurrency key with a limit of 100, so every
 # claim takes the key's lock and counts its runs, and the limit never binds (8 workers).
 # --dependencies: half of them (the odd ids) run after the job before them (an even id). In throughput,
-# with no schedule of their own ('@after': each success of the upstream queues one run of the dependent,
-# claimed by the queued-run path, and wakes the instance); in lag, keeping their schedule (each plan
+# with no schedule of their own ('@after': each success of the upstream gives the dependent a plan, due at
+# once, which the claim starts like a scheduled job's); in lag, keeping their schedule (each plan
 # asks whether its upstream, due 10 ms earlier, succeeded since the previous one: one more statement
 # per run; the lag counts its runs as any other).
 PRIORITIES = False

@@ -9,8 +9,9 @@
 --   * an upstream that is deleted or disabled leaves its dependents disabled, with the reason.
 -- State: pgsched.job_dependency, one row per edge (migration 0012). An upstream's successful plan
 -- run (its close, pgsched._end_runs) marks the edges it feeds; an '@after' dependent whose edges
--- are all marked gets a queued run (claimed like a queued scope run, by any instance) and its marks
--- are consumed in the same transaction; a scheduled dependent consumes them when its run starts
+-- are all marked gets a plan (it becomes due, and any instance's claim starts it like a scheduled
+-- job; job_stat.upstream_backlog keeps the plans that come while one is pending or running) and
+-- its marks are consumed in the same transaction; a scheduled dependent consumes them when its run starts
 -- (pgsched._take_upstreams). Edges are locked in one order (dependent, upstream) by everyone who
 -- reads them to decide, so two closes on two instances cannot both miss the other's mark.
 
@@ -246,22 +247,42 @@ CREATE OR REPLACE TRIGGER job_upstream_deleted AFTER DELETE ON pgsched.job
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted();
 
+-- The plans '@after' jobs have been given and not yet started: the pending one (next_start, less
+-- the job's schedule_delay) and the ones waiting behind it. A pending plan whose run has started
+-- (its job is starting or running it) is not listed. What the tests and bench/chaos.py count as
+-- given; as the invoker, under row-level security.
+CREATE OR REPLACE VIEW pgsched._upstream_plans WITH (security_invoker = true) AS
+SELECT s.job_id, p.plan_time, p.n = 1 AS pending
+  FROM pgsched.job_stat s
+  JOIN pgsched.job j ON j.job_id = s.job_id
+ CROSS JOIN LATERAL unnest(pgsched._delayed(s.next_start, -j.schedule_delay) || coalesce(s.upstream_backlog, '{}'))
+                    WITH ORDINALITY AS p(plan_time, n)
+ WHERE j.schedule = '@after' AND p.plan_time IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                    WHERE r.job_id = s.job_id AND r.scope = '' AND r.plan_time = p.plan_time);
+
 -- Upstream plan runs that succeeded (the close calls this: their jobs and plan times, in the close's
--- transaction): mark the edges they feed, queue a run of each '@after' dependent whose edges are then
--- all marked, and consume its marks. A paused dependent is not queued; its marks wait for it.
--- Returns how many runs it queued. One statement (it runs in the close of every upstream):
+-- transaction): mark the edges they feed, plan a run of each '@after' dependent whose edges are then
+-- all marked, and consume its marks. A paused dependent is not planned; its marks wait for it.
+-- Returns how many plans it gave dependents. One statement (it runs in the close of every upstream):
 -- * every edge of every dependent concerned is locked first, in one order (job_id, upstream_id):
 --   a close of another upstream of the same dependent waits for this one's commit, and FOR UPDATE
 --   then returns each edge as last committed, so the second close sees the first's mark;
--- * what the edges will hold is worked out from those rows and the batch, and written once.
--- The schedulers are woken when the queue was empty before (see below).
+-- * what the edges will hold is worked out from those rows and the batch, and written where it
+--   changes (one upstream: its mark is set and consumed at once, and the edge is not written);
+-- * a dependent's plan makes it due, as a schedule does (job_stat.next_start: the claim starts it
+--   like any due job, one insert); a plan that comes while one is pending or running waits in
+--   job_stat.upstream_backlog until that run's close (pgsched._end_runs) takes it. The close has
+--   locked those job_stat rows already, with its own, in one order (see there).
+-- The schedulers are woken when nothing else was due (see below).
 CREATE OR REPLACE FUNCTION pgsched._upstreams_succeeded(upstreams integer[], plan_times timestamptz[],
                                                         now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    new_runs bigint[];
-    queue_was_empty boolean;
+    planned integer;
+    made_due integer;
+    nothing_due boolean;
 BEGIN
     WITH batch AS (
         SELECT x.upstream_id, max(x.plan_time) AS plan_time
@@ -272,23 +293,34 @@ BEGIN
          ORDER BY d.job_id, d.upstream_id
            FOR UPDATE
     ), edges AS (
-        SELECT l.job_id, l.upstream_id, b.upstream_id IS NOT NULL AS fed,
+        SELECT l.job_id, l.upstream_id, l.succeeded_plan, b.upstream_id IS NOT NULL AS fed,
                CASE WHEN b.upstream_id IS NULL THEN l.succeeded_plan
                     ELSE greatest(l.succeeded_plan, b.plan_time) END AS mark
           FROM locked l LEFT JOIN batch b ON b.upstream_id = l.upstream_id
     ), ready AS (
-        SELECT e.job_id, max(e.mark) AS plan_time
-          FROM edges e JOIN pgsched.job j ON j.job_id = e.job_id
-         WHERE j.schedule = '@after' AND j.scheduled
-         GROUP BY e.job_id
-        HAVING bool_and(e.mark IS NOT NULL)
-    ), runs AS (
-        -- A plan that already has a run of the job (its upstreams succeeded twice for one plan: a
-        -- takeover's second attempt) is not run again.
-        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome)
-        SELECT r.job_id, r.plan_time, 'upstream', 'queued' FROM ready r
-        ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
-        RETURNING run_id
+        -- The job looked up per dependent (a subquery the planner keeps: as a join, a plan made while
+        -- no job was '@after' read every job for each close).
+        SELECT r.* FROM (
+            SELECT e.job_id, max(e.mark) AS plan_time,
+                   (SELECT j.schedule_delay FROM pgsched.job j
+                     WHERE j.job_id = e.job_id AND j.schedule = '@after' AND j.scheduled) AS schedule_delay
+              FROM edges e
+             GROUP BY e.job_id
+            HAVING bool_and(e.mark IS NOT NULL)) r
+         WHERE r.schedule_delay IS NOT NULL
+    ), plans AS (
+        -- A plan the dependent has pending or waiting already (its upstreams succeeded twice for one
+        -- plan: a takeover's second attempt) is not planned again; one it has run is passed over by
+        -- the claim (its ON CONFLICT), which then takes the next.
+        UPDATE pgsched.job_stat s
+           SET next_start = coalesce(s.next_start, pgsched._delayed(r.plan_time, r.schedule_delay)),
+               upstream_backlog = CASE WHEN s.next_start IS NULL THEN s.upstream_backlog
+                                       ELSE coalesce(s.upstream_backlog, '{}') || r.plan_time END
+          FROM ready r
+         WHERE s.job_id = r.job_id
+           AND s.next_start IS DISTINCT FROM pgsched._delayed(r.plan_time, r.schedule_delay)
+           AND r.plan_time <> ALL (coalesce(s.upstream_backlog, '{}'))
+        RETURNING r.plan_time <> ALL (coalesce(s.upstream_backlog, '{}')) AS due_now
     ), written AS (
         -- A ready dependent's edges are consumed; the others' fed edges take their mark.
         UPDATE pgsched.job_dependency d
@@ -296,20 +328,25 @@ BEGIN
                succeeded_at = CASE WHEN r.job_id IS NULL THEN _upstreams_succeeded.now END
           FROM edges e LEFT JOIN ready r ON r.job_id = e.job_id
          WHERE d.job_id = e.job_id AND d.upstream_id = e.upstream_id AND (r.job_id IS NOT NULL OR e.fed)
+           AND e.succeeded_plan IS DISTINCT FROM CASE WHEN r.job_id IS NULL THEN e.mark END
         RETURNING 1
     )
-    -- The statement's snapshot: the queue before these runs.
-    SELECT (SELECT array_agg(r.run_id) FROM runs r),
-           NOT EXISTS (SELECT 1 FROM pgsched.job_run q WHERE q.outcome = 'queued')
-      INTO new_runs, queue_was_empty;
-    -- Any instance may claim them: wake them all, when the queue was empty. While it is not, the
-    -- instances are claiming from it already, and the claim tells each whether runs are left
-    -- (_claim_v2's next_due): a notification per close would serialise commits on the notification
-    -- queue's lock, and make every instance ask again what is due.
-    IF new_runs IS NOT NULL AND queue_was_empty THEN
+    -- The statement's snapshot: what was due before these plans (the closed jobs' next starts
+    -- included: the close wrote them in an earlier statement).
+    SELECT (SELECT count(*) FROM plans), (SELECT count(*) FROM plans p WHERE p.due_now),
+           NOT EXISTS (SELECT 1 FROM pgsched.job_stat q
+                        WHERE q.state = 'scheduled'
+                          AND pgsched._due_at(q.job_id, q.next_start, q.jitter_us)
+                              <= pg_catalog.timezone('UTC', _upstreams_succeeded.now))
+      INTO planned, made_due, nothing_due;
+    -- Any instance may claim them: wake them all, when nothing else was due. While something is,
+    -- an instance is about to claim, and a claim starts due jobs in order and says when the next is
+    -- due (_claim_v2's next_due): a notification per close would serialise commits on the
+    -- notification queue's lock, and make every instance ask again what is due.
+    IF made_due > 0 AND nothing_due THEN
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'job_run:upstream');
     END IF;
-    RETURN coalesce(cardinality(new_runs), 0);
+    RETURN planned;
 END
 $$;
 

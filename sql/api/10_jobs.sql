@@ -252,9 +252,11 @@ RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- A changed exclusion window too: the stored next start may lie past the old window.
-    -- No longer run after its upstreams: the runs they queued would run beside its schedule's.
+    -- No longer run after its upstreams: the plans they gave it would run beside its schedule's
+    -- (its next start, set below from the schedule, replaces the pending one).
     IF old.schedule = '@after' AND new.schedule <> '@after' THEN
-        DELETE FROM pgsched.job_run r WHERE r.job_id = _replan.job_id AND r.scope = '' AND r.outcome = 'queued';
+        UPDATE pgsched.job_stat st SET upstream_backlog = NULL
+         WHERE st.job_id = _replan.job_id AND st.upstream_backlog IS NOT NULL;
     END IF;
     IF (new.schedule, new.fixed_schedule, new.initial_start, new.timezone, new.exclude)
        IS DISTINCT FROM (old.schedule, old.fixed_schedule, old.initial_start, old.timezone, old.exclude) THEN

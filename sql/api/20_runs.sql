@@ -93,7 +93,12 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._end_runs(ends jsonb, counters boolean DEFAULT true)
 RETURNS TABLE (run_id bigint, job_id integer, scope text, outcome text, old_state text, new_state text)
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+-- Everything here is read by key, a few rows of large tables. A statement's plan is kept for the
+-- session from its first calls, which a new scheduler makes while job_run is a few pages: a
+-- sequential scan of it then (0.5 ms a close with 2,400 runs, bench/claim_close.py) stayed until
+-- an ANALYZE of the table replaced the plan.
+SET enable_seqscan = off AS $$
 DECLARE
     c record;
     bad text;
@@ -101,6 +106,8 @@ DECLARE
     keys_freed text[] := '{}';
     ok_jobs integer[] := '{}';
     ok_plans timestamptz[] := '{}';
+    ok_at timestamptz;  -- when the last of them ended: the clock of what is due then
+    run_ids bigint[];
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
@@ -110,6 +117,25 @@ BEGIN
     IF FOUND THEN
         PERFORM pgsched._bad_arg('outcome', coalesce(quote_literal(bad), 'NULL'),
                                  'one of success, failure, timeout, crash, cancelled, skipped');
+    END IF;
+    -- Where jobs depend on the ones closed, the job_stat rows this close writes are locked first, in
+    -- one order (job_id): the closed runs' jobs and the '@after' dependents their success may plan
+    -- (07_dependencies.sql, _upstreams_succeeded). Else a close of A (A -> B) holding A's row and
+    -- waiting for B's would deadlock with a close of B (B -> C) holding B's and waiting for C's,
+    -- where the first also closes a run of C. (Claims take these rows with SKIP LOCKED: never a
+    -- wait.) Every close does it while any job depends on another, so that two closes of one run
+    -- (its scheduler's and a takeover's) lock in one order too; one probe of an empty table when
+    -- none does.
+    IF EXISTS (SELECT 1 FROM pgsched.job_dependency) THEN
+        run_ids := ARRAY(SELECT (x->>'run_id')::bigint FROM jsonb_array_elements(ends) x);
+        PERFORM 1 FROM pgsched.job_stat s
+         WHERE s.job_id IN (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = ANY (run_ids)
+                            UNION
+                            SELECT d.job_id FROM pgsched.job_run jr
+                              JOIN pgsched.job_dependency d ON d.upstream_id = jr.job_id
+                             WHERE jr.run_id = ANY (run_ids))
+         ORDER BY s.job_id
+           FOR UPDATE OF s;
     END IF;
     FOR c IN
         WITH e AS (
@@ -128,7 +154,7 @@ BEGIN
                         THEN pgsched._delayed(pgsched._delayed(e.next_start,
                                  -pg_catalog.make_interval(secs => e.schedule_delay_s)), j.schedule_delay)
                         ELSE e.next_start END AS next_start,
-                   j.scheduled, jr.concurrency_key
+                   j.scheduled, jr.concurrency_key, j.schedule = '@after' AS after_upstreams, j.schedule_delay
               FROM pgsched.job_run jr
               JOIN e ON e.run_id = jr.run_id
               JOIN pgsched.job j ON j.job_id = jr.job_id
@@ -150,6 +176,8 @@ BEGIN
                    max(r.outcome) FILTER (WHERE r.scope = '') AS plan_outcome,
                    max(r.fin - r.started_at) FILTER (WHERE r.scope = '') AS plan_duration,
                    max(r.next_start) FILTER (WHERE r.scope = '') AS plan_next,
+                   max(r.plan_time) FILTER (WHERE r.scope = '') AS plan_time,
+                   bool_or(r.after_upstreams) AS after_upstreams, max(r.schedule_delay) AS schedule_delay,
                    max(r.disable_reason) FILTER (WHERE r.scope = '') AS disable_reason,
                    bool_and(r.scheduled) AS scheduled,
                    count(*) FILTER (WHERE r.outcome = 'success')::integer AS oks,
@@ -195,14 +223,23 @@ BEGIN
                                                WHEN p.plan_outcome IN ('failure', 'timeout')
                                                    THEN s.consecutive_failures + 1
                                                ELSE s.consecutive_failures END,
-                   next_start = CASE WHEN counters AND p.plan_run IS NOT NULL THEN coalesce(p.plan_next, s.next_start)
-                                     ELSE s.next_start END
+                   -- An @after job's plan that ran was its pending one: the next waiting takes its place
+                   -- (07_dependencies.sql). Not another run's (run by hand), which leaves it pending.
+                   next_start = CASE WHEN p.after_upstreams AND p.plan_run IS NOT NULL
+                                          AND s.next_start = pgsched._delayed(p.plan_time, p.schedule_delay)
+                                     THEN pgsched._delayed(s.upstream_backlog[1], p.schedule_delay)
+                                     WHEN counters AND p.plan_run IS NOT NULL THEN coalesce(p.plan_next, s.next_start)
+                                     ELSE s.next_start END,
+                   upstream_backlog = CASE WHEN p.after_upstreams AND p.plan_run IS NOT NULL
+                                                AND s.next_start = pgsched._delayed(p.plan_time, p.schedule_delay)
+                                           THEN nullif(s.upstream_backlog[2:], '{}')
+                                           ELSE s.upstream_backlog END
               FROM per_job p
              WHERE s.job_id = p.job_id
             RETURNING s.job_id, s.state, p.disable_reason IS NOT NULL AND p.plan_run IS NOT NULL AS disable
         )
         SELECT r.run_id, r.job_id, r.scope, r.outcome, b.state AS old_state, a.state AS new_state,
-               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time, r.concurrency_key
+               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time, r.concurrency_key, r.fin
           FROM r
           LEFT JOIN before b ON b.job_id = r.job_id
           LEFT JOIN after a ON a.job_id = r.job_id
@@ -226,6 +263,7 @@ BEGIN
         IF c.outcome = 'success' AND c.scope = '' THEN
             ok_jobs := ok_jobs || c.job_id;
             ok_plans := ok_plans || c.plan_time;
+            ok_at := greatest(ok_at, c.fin);
         END IF;
         IF c.disable THEN
             disable := disable || c.job_id;
@@ -258,7 +296,7 @@ BEGIN
     -- transaction: an upstream's success and its dependents' runs are committed together. One probe
     -- of an index when no job depends on them.
     IF ok_jobs <> '{}' AND EXISTS (SELECT 1 FROM pgsched.job_dependency d WHERE d.upstream_id = ANY (ok_jobs)) THEN
-        PERFORM pgsched._upstreams_succeeded(ok_jobs, ok_plans);
+        PERFORM pgsched._upstreams_succeeded(ok_jobs, ok_plans, now => ok_at);
     END IF;
     IF disable <> '{}' THEN
         -- After the statement above: pausing the job fires its trigger, which writes job_stat too.

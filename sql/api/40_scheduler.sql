@@ -43,11 +43,12 @@ SELECT pgsched._drop_functions(ARRAY[
     '_terminate_run_backend',
     '_unplanned']);
 
--- Queued runs a scheduler may claim (scope runs, and @after jobs' runs: 07_dependencies.sql): of a
--- scheduled job, and the oldest queued run of their (job, scope) with no run of that scope in
--- progress (a scope runs one plan at a time). Read by _claim_v2 and _next_due; a view, so it is
--- inlined into both (_claim_v2's queued runs repeat its conditions, for their plan). Two tests, each on its partial index (running runs by job; queued runs by
--- job, scope and plan): one test with an OR read the job's whole history for every queued run.
+-- Queued runs a scheduler may claim (a scoped job's scope runs): of a scheduled job, and the
+-- oldest queued run of their (job, scope) with no run of that scope in progress (a scope runs one
+-- plan at a time). Read by _claim_v2 and _next_due; a view, so it is inlined into both
+-- (_claim_v2's queued runs repeat its conditions, for their plan). Two tests, each on its partial
+-- index (running runs by job; queued runs by job, scope and plan): one test with an OR read the
+-- job's whole history for every queued run.
 CREATE OR REPLACE VIEW pgsched._claimable_scope_runs AS
 SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
   FROM pgsched.job_run q JOIN pgsched.job j ON j.job_id = q.job_id
@@ -111,8 +112,8 @@ SELECT j.job_id, j.job_name, j.kind,
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first, a job's priority counted as that many seconds more overdue: migration
 -- 0008; a job is due at next_start plus its plan's jitter: 0010, whose index gives this order),
--- then, with the workers left, queued runs (of scoped jobs, and of @after jobs whose upstreams
--- succeeded: 07_dependencies.sql). While queued runs are claimable, due jobs take at most half of
+-- then, with the workers left, queued runs (of scoped jobs: an @after job whose upstreams succeeded
+-- is a due job, 07_dependencies.sql). While queued runs are claimable, due jobs take at most half of
 -- the workers, so that neither starves the other when the workers are short.
 -- Each gets a 'running' job_run row carrying the worker that will run it and a lease
 -- token, and its crash counters go up (see 20_runs.sql for why). SKIP LOCKED and the
@@ -169,7 +170,7 @@ BEGIN
         -- only by a claim that holds the lock).
         SELECT s.*, row_number() OVER (PARTITION BY s.concurrency_key ORDER BY s.start_key, s.job_id) AS key_rank
           FROM (SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes, jj.schedule_delay,
-                       s.jitter_us, s.concurrency_key, f.free,
+                       s.jitter_us, s.concurrency_key, f.free, jj.schedule = '@after' AS after_upstreams,
                        pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority) AS start_key
                   FROM pgsched.job_stat s
                   JOIN pgsched.job jj ON jj.job_id = s.job_id
@@ -199,6 +200,7 @@ BEGIN
     ), due AS (
         -- Within the batch, a key takes no more than its room; n: the worker each run goes to.
         SELECT c.job_id, c.next_start, c.consecutive_failures, c.consecutive_crashes, c.concurrency_key,
+               c.after_upstreams, c.schedule_delay,
                -- next_start is when the plan becomes eligible: plan_time + schedule_delay.
                pgsched._delayed(c.next_start, -c.schedule_delay) AS plan_time,
                pgsched._jitter_us(c.job_id, c.next_start, c.jitter_us) AS jitter_us,
@@ -240,7 +242,9 @@ BEGIN
         INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
                                           instance_id, lease_token, heartbeat_at, jitter, concurrency_key)
         SELECT d.job_id, d.plan_time,
-               CASE WHEN d.consecutive_failures > 0 THEN 'retry' ELSE 'schedule' END,
+               -- an @after job's plan was given by its upstreams' success (07_dependencies.sql)
+               CASE WHEN d.after_upstreams THEN 'upstream' WHEN d.consecutive_failures > 0 THEN 'retry'
+                    ELSE 'schedule' END,
                greatest(_claim_v2.now, d.next_start + d.jitter_us * interval '1 microsecond'),
                worker_pids[d.n], backend_pids[d.n], instance_id,
                nextval('pgsched.lease_token_seq'), _claim_v2.now,
@@ -277,7 +281,12 @@ BEGIN
          WHERE s.job_id = c.job_id
         RETURNING s.job_id, s.state
     ), conflicted AS (
-        UPDATE pgsched.job_stat s SET next_start = NULL
+        -- The plan ran already (another instance's claim, or the server's start for @restart): none
+        -- pending, or an @after job's next waiting plan.
+        UPDATE pgsched.job_stat s
+           SET next_start = CASE WHEN d.after_upstreams
+                                 THEN pgsched._delayed(s.upstream_backlog[1], d.schedule_delay) END,
+               upstream_backlog = CASE WHEN d.after_upstreams THEN nullif(s.upstream_backlog[2:], '{}') END
           FROM due d
          WHERE s.job_id = d.job_id AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = d.job_id)
         RETURNING s.job_id
@@ -630,7 +639,9 @@ SET search_path = pg_catalog, pg_temp AS $$
       JOIN pgsched._job_launch v ON v.job_id = s.job_id
      WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
        AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us) < pg_catalog.timezone('UTC', _behind_v2.now - late)
-       AND v.schedule <> '@restart'  -- its one plan is the server's start, however late
+       -- @restart: its one plan is the server's start, however late; @after: its plans are its
+       -- upstreams', as old as their runs are long, and every one runs (07_dependencies.sql)
+       AND v.schedule NOT IN ('@restart', '@after')
      ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
      LIMIT max_rows
 $$;

@@ -13,7 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
+from pgsched import migrate
 from tests.integration.helpers import Conn, collect_notifications, rows, scalar, snapshot
 from tests.integration.test_core_sql_time import S, T, add_job, claim, register
 
@@ -42,9 +44,10 @@ def run_once(api: Conn, me: int, at: datetime, outcome: str = "success") -> list
     return got
 
 
-def queued(api: Conn) -> list[tuple[int, datetime]]:
+def planned(api: Conn) -> list[tuple[int, datetime]]:
+    """The plans '@after' jobs were given and have not started (pending, then waiting behind it)."""
     return [(r["job_id"], r["plan_time"]) for r in rows(
-        api, "SELECT job_id, plan_time FROM pgsched.job_run WHERE outcome = 'queued' ORDER BY job_id, plan_time")]
+        api, "SELECT job_id, plan_time FROM pgsched._upstream_plans ORDER BY job_id, NOT pending, plan_time")]
 
 
 def waiting(api: Conn, job_id: int) -> str | None:
@@ -62,10 +65,11 @@ def test_a_dependent_runs_once_after_each_success_of_its_upstream_with_its_plan_
     me = register(api, T - S)
     [r] = run_once(api, me, T)
     assert r["job_id"] == up
-    # queued in the upstream's close, with the upstream's plan time, claimable at once
-    assert queued(api) == [(down, T)]
+    # planned in the upstream's close, with the upstream's plan time, due at once
+    assert planned(api) == [(down, T)]
+    assert scalar(api, "SELECT next_start FROM pgsched.job_stat WHERE job_id = %s", (down,)) == T
     assert waiting(api, down) is not None  # consumed: the next run needs the next success
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 2 * S,)) == T + 2 * S
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 2 * S,)) == T
     [d] = claim(api, me, T + 2 * S, workers=4)
     assert (d["job_id"], d["plan_time"], d["scope"]) == (down, T, "")
     assert scalar(api, "SELECT trigger FROM pgsched.job_run WHERE run_id = %s", (d["run_id"],)) == "upstream"
@@ -76,11 +80,11 @@ def test_a_dependent_runs_once_after_each_success_of_its_upstream_with_its_plan_
     # the upstream's next plan: one more run; a failure: none
     api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 60 * S, up))
     run_once(api, me, T + 60 * S, "failure")
-    assert queued(api) == []
+    assert planned(api) == []
     assert "failing (1 in a row)" in str(waiting(api, down))
     api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 120 * S, up))
     run_once(api, me, T + 120 * S)
-    assert queued(api) == [(down, T + 120 * S)]
+    assert planned(api) == [(down, T + 120 * S)]
 
 
 def test_fan_in_waits_for_every_upstream_and_passes_on_the_latest_plan(api: Conn) -> None:
@@ -89,14 +93,14 @@ def test_fan_in_waits_for_every_upstream_and_passes_on_the_latest_plan(api: Conn
     down = after(api, [a, b])
     me = register(api, T - S)
     run_once(api, me, T)
-    assert queued(api) == []
+    assert planned(api) == []
     assert waiting(api, down) == f"upstream job(s) not succeeded since its last run: {b} (ok_fn [{b}])"
     # a succeeds again: still one run to come, not two
     api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 5 * S, a))
     run_once(api, me, T + 5 * S)
-    assert queued(api) == []
+    assert planned(api) == []
     run_once(api, me, T + 10 * S)
-    assert queued(api) == [(down, T + 10 * S)]
+    assert planned(api) == [(down, T + 10 * S)]
     assert waiting(api, down) is not None
 
 
@@ -106,10 +110,10 @@ def test_fan_out_and_a_chain_share_one_plan_time(api: Conn) -> None:
     last = after(api, [left, right])
     me = register(api, T - S)
     run_once(api, me, T)
-    assert queued(api) == [(left, T), (right, T)]
+    assert planned(api) == [(left, T), (right, T)]
     got = run_once(api, me, T + 5 * S)
     assert sorted((r["job_id"], r["plan_time"]) for r in got) == [(left, T), (right, T)]
-    assert queued(api) == [(last, T)]
+    assert planned(api) == [(last, T)]
     [r] = run_once(api, me, T + 9 * S)
     assert (r["job_id"], r["plan_time"]) == (last, T)
 
@@ -123,7 +127,7 @@ def test_a_scheduled_dependent_skips_plans_until_its_upstreams_succeeded(api: Co
     why = scalar(api, "SELECT pgsched._take_upstreams(%s)", (r["run_id"],))
     assert why == f"upstream job(s) not succeeded since its last run: {up} (ok_fn [{up}])"
     run_once(api, me, T + 30 * S)
-    assert queued(api) == []  # a scheduled dependent is not queued: its schedule runs it
+    assert planned(api) == []  # a scheduled dependent is not planned by them: its schedule runs it
     assert waiting(api, down) is None
     # its next plan may run, and takes the upstream's success: the plan after that waits again
     assert scalar(api, "SELECT pgsched._take_upstreams(%s)", (r["run_id"],)) is None
@@ -149,7 +153,7 @@ def test_deleting_an_upstream_disables_its_dependents_with_the_reason(api: Conn)
         "state": "scheduled", "disabled_reason": None}
     me = register(api, T - S)
     run_once(api, me, T)
-    assert queued(api) == [(down, T)]
+    assert planned(api) == [(down, T)]
 
 
 def test_deleting_the_only_upstream_leaves_a_dependent_that_cannot_be_resumed_without_one(api: Conn) -> None:
@@ -178,18 +182,18 @@ def test_pausing_an_upstream_disables_its_dependents_and_a_failure_disable_says_
     assert s["state"] == "disabled" and "max_retries 0 reached" in s["disabled_reason"]
 
 
-def test_a_paused_dependent_is_not_queued_and_keeps_its_upstreams_success(api: Conn) -> None:
+def test_a_paused_dependent_is_not_planned_and_keeps_its_upstreams_success(api: Conn) -> None:
     up = add_job(api, T)
     down = after(api, [up], scheduled=False)
     me = register(api, T - S)
     run_once(api, me, T)
-    assert queued(api) == []
+    assert planned(api) == []
     assert waiting(api, down) is None  # disabled: nothing to wait for
     api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
     assert waiting(api, down) is None  # the success is still there for its next run
 
 
-def test_two_closes_racing_for_one_fan_in_queue_exactly_one_run(api: Conn, db: str) -> None:
+def test_two_closes_racing_for_one_fan_in_plan_exactly_one_run(api: Conn, db: str) -> None:
     for _ in range(20):
         api.execute("DELETE FROM pgsched.job")
         a, b = add_job(api, T), add_job(api, T)
@@ -209,7 +213,7 @@ def test_two_closes_racing_for_one_fan_in_queue_exactly_one_run(api: Conn, db: s
             t.start()
         for t in threads:
             t.join()
-        assert queued(api) == [(down, T)]
+        assert planned(api) == [(down, T)]
 
 
 def test_cycles_and_self_dependency_are_refused_and_nothing_is_written(api: Conn) -> None:
@@ -256,7 +260,7 @@ def test_after_without_upstreams_and_a_missing_schedule_are_refused(api: Conn) -
     assert snapshot(api) == before
 
 
-def test_a_scheduler_disable_passes_its_reason_on_and_leaving_after_drops_queued_runs(api: Conn) -> None:
+def test_a_scheduler_disable_passes_its_reason_on_and_leaving_after_drops_its_plans(api: Conn) -> None:
     up = add_job(api, T, job_name="src")
     down = after(api, ["src"])
     scalar(api, "SELECT pgsched._disable_job_v2(%s, 'the owner role was dropped')", (up,))
@@ -266,10 +270,18 @@ def test_a_scheduler_disable_passes_its_reason_on_and_leaving_after_drops_queued
     api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (down,))
     me = register(api, T - S)
     run_once(api, me, T)
-    assert queued(api) == [(down, T)]
-    # given a schedule of its own, the run its upstream queued would run beside it: it goes
+    assert planned(api) == [(down, T)]
+    run_once(api, me, T + 60 * S)  # runs the dependent; its upstream runs again
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 70 * S, up))
+    run_once(api, me, T + 70 * S)
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 80 * S, up))
+    got = claim(api, me, T + 80 * S, workers=2)  # the dependent's plan and its upstream's next
+    end(api, next(r["run_id"] for r in got if r["job_id"] == up), T + 81 * S)
+    assert planned(api) == [(down, T + 80 * S)]  # behind the one running
+    # given a schedule of its own, the plans its upstream gave it would run beside it: they go
     api.execute("SELECT pgsched.alter_job(%s, schedule => '1 hour')", (down,))
-    assert queued(api) == []
+    assert planned(api) == []
+    assert scalar(api, "SELECT upstream_backlog FROM pgsched.job_stat WHERE job_id = %s", (down,)) is None
 
 
 def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, db: str) -> None:
@@ -312,31 +324,65 @@ def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
     assert waiting(api, down) is None
 
 
-def test_the_close_of_a_job_nothing_depends_on_queues_nothing(api: Conn) -> None:
+def test_the_close_of_a_job_nothing_depends_on_plans_nothing(api: Conn) -> None:
     up = add_job(api, T)
     me = register(api, T - S)
     run_once(api, me, T)
-    assert queued(api) == []
+    assert planned(api) == []
     assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (up,)) == 1
 
 
-def test_queued_runs_get_half_the_workers_while_due_jobs_are_many(api: Conn) -> None:
-    """Neither starves the other when the workers are short: while runs are queued, due jobs take at
-    most half of the workers (the rest, and whatever the queue leaves, goes to the queue)."""
+def test_plans_that_come_while_one_is_pending_or_running_wait_and_each_runs_once_in_order(api: Conn) -> None:
+    """One run per upstream success, however far the dependent falls behind: a plan that comes while
+    the dependent has one pending or running waits behind it, and its run's close makes the next
+    due. A run by hand in between takes none of them."""
+    up = add_job(api, T)
+    down = after(api, [up])
+    me = register(api, T - S)
+    run_once(api, me, T)
+    [d] = claim(api, me, T + 5 * S, workers=1)
+    assert (d["job_id"], d["plan_time"]) == (down, T)
+    for t in (10, 20):  # the dependent is running: its upstream's plans wait
+        api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + t * S, up))
+        [r] = claim(api, me, T + t * S, workers=1)
+        assert r["job_id"] == up
+        end(api, r["run_id"], T + (t + 1) * S)
+    assert planned(api) == [(down, T + 10 * S), (down, T + 20 * S)]
+    end(api, d["run_id"], T + 25 * S, after_job=True)
+    assert scalar(api, "SELECT next_start FROM pgsched.job_stat WHERE job_id = %s", (down,)) == T + 10 * S
+    assert scalar(api, "SELECT upstream_backlog FROM pgsched.job_stat WHERE job_id = %s", (down,)) == [T + 20 * S]
+    api.execute("CALL pgsched.run_job(%s)", (down,))  # by hand: the plans stay
+    assert planned(api) == [(down, T + 10 * S), (down, T + 20 * S)]
+    got = []
+    for t in (40, 50, 60):
+        got += [(r["job_id"], r["plan_time"], scalar(api, "SELECT trigger FROM pgsched.job_run WHERE run_id = %s",
+                                                     (r["run_id"],))) for r in claim(api, me, T + t * S)]
+        for r in rows(api, "SELECT run_id FROM pgsched.job_run WHERE job_id = %s AND outcome = 'running'", (down,)):
+            end(api, r["run_id"], T + (t + 1) * S, after_job=True)
+    assert got == [(down, T + 10 * S, "upstream"), (down, T + 20 * S, "upstream")]
+    assert planned(api) == []
+    assert rows(api, "SELECT trigger, count(*) FROM pgsched.job_run WHERE job_id = %s GROUP BY 1 ORDER BY 1",
+                (down,)) == [{"trigger": "manual", "count": 1}, {"trigger": "upstream", "count": 3}]
+
+
+def test_a_dependent_is_due_at_its_upstreams_plan_and_starts_before_jobs_due_later(api: Conn) -> None:
+    """A dependent's plan is due like a scheduled one: the claim starts due jobs most overdue first,
+    so a dependent whose upstream ran long starts before jobs due since."""
     ups = [add_job(api, T) for _ in range(3)]
     downs = [after(api, [u]) for u in ups]
     me = register(api, T - S)
     run_once(api, me, T)
-    assert [q for q, _ in queued(api)] == downs
+    assert [q for q, _ in planned(api)] == downs
     busy = [add_job(api, T + S) for _ in range(10)]
     got = claim(api, me, T + 2 * S, workers=4)
-    assert sorted(r["job_id"] for r in got) == sorted([*busy[:2], *downs[:2]])
-    # with one queued run left, due jobs take the rest
-    got = claim(api, me, T + 3 * S, workers=4)
-    assert sorted(r["job_id"] for r in got) == sorted([*busy[2:5], downs[2]])
+    assert sorted(r["job_id"] for r in got) == sorted([*downs, busy[0]])
+    # not a catch-up case, however old its upstream's plan: every one of them runs
+    assert rows(api, "SELECT job_id FROM pgsched._behind_v2('1 second', 100, now => %s) "
+                     "WHERE job_id = ANY (%s)", (T + 3600 * S, downs)) == []
 
 
-def test_a_claim_says_queued_runs_are_left_and_only_an_empty_queue_wakes_the_schedulers(api: Conn, db: str) -> None:
+def test_a_claim_says_when_a_dependent_is_due_and_only_a_dependent_due_alone_wakes_the_schedulers(
+        api: Conn, db: str) -> None:
     ups = [add_job(api, T) for _ in range(3)]
     downs = [after(api, [u]) for u in ups]
     me = register(api, T - S)
@@ -344,13 +390,89 @@ def test_a_claim_says_queued_runs_are_left_and_only_an_empty_queue_wakes_the_sch
         listener.execute("LISTEN pgsched_catalog")
         [first, *rest] = claim(api, me, T, workers=4)
         end(api, first["run_id"], T + S)
-        # the queue was empty: the run it queued wakes every instance
+        # nothing else was due: the plan it gave wakes every instance
         assert "job_run:upstream" in collect_notifications(listener, api)
         for r in rest:
             end(api, r["run_id"], T + S)
-        # more runs queued behind it: no notification each (the instances are claiming already)
+        # a dependent was due already: no notification each (an instance is about to claim)
         assert "job_run:upstream" not in collect_notifications(listener, api)
     got = claim(api, me, T + 2 * S, workers=2)
     assert sorted(r["job_id"] for r in got) == downs[:2]
-    # one queued run is left: the claim says it is due now, so the scheduler claims again
-    assert {r["next_due"] for r in got} == {T + 2 * S}
+    # one dependent is left due: the claim says so, and the scheduler claims again
+    assert {r["next_due"] for r in got} == {T}
+
+
+def test_runs_an_earlier_release_queued_for_after_jobs_become_their_plans_on_upgrade(api: Conn) -> None:
+    """Migration 0013: the dependents' queued runs of the release before it (one per upstream success)
+    become the dependent's pending plan and the ones waiting behind it; nothing is lost or doubled, and
+    queued scope runs stay queued."""
+    up = add_job(api, T)
+    down, idle = after(api, [up]), after(api, [up])
+    sharded = add_job(api, T + 3600 * S, scope_query="SELECT 1")
+    # the layout before 0013
+    api.execute("DROP VIEW pgsched._upstream_plans")
+    api.execute("ALTER TABLE pgsched.job_stat DROP COLUMN upstream_backlog")
+    api.execute(sql.SQL("DELETE FROM {} WHERE version = 13").format(sql.SQL(migrate.ledger(13))))
+    for job, scope, plan in ((down, "", T + 20 * S), (down, "", T), (down, "", T + 10 * S), (sharded, "k", T)):
+        api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                    "VALUES (%s, %s, %s, 'upstream', 'queued')", (job, scope, plan))
+    assert migrate.init(api).applied == [13]
+    assert rows(api, "SELECT job_id, next_start, upstream_backlog FROM pgsched.job_stat WHERE job_id IN (%s, %s) "
+                     "ORDER BY job_id", (down, idle)) == [
+        {"job_id": down, "next_start": T, "upstream_backlog": [T + 10 * S, T + 20 * S]},
+        {"job_id": idle, "next_start": None, "upstream_backlog": None}]
+    assert planned(api) == [(down, T), (down, T + 10 * S), (down, T + 20 * S)]
+    assert rows(api, "SELECT job_id, scope FROM pgsched.job_run WHERE outcome = 'queued'") == [
+        {"job_id": sharded, "scope": "k"}]
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 3600 * S, up))
+    me = register(api, T - S)
+    for t in (1, 2, 3):
+        [r] = claim(api, me, T + t * 30 * S)
+        assert (r["job_id"], r["plan_time"]) == (down, T + (t - 1) * 10 * S)
+        end(api, r["run_id"], T + (t * 30 + 1) * S, after_job=True)
+    assert planned(api) == []
+
+
+def test_closes_of_a_chain_on_two_connections_lock_in_one_order_and_never_deadlock(api: Conn, db: str) -> None:
+    """A -> B -> C. One close ends A's run and C's, another B's, at once. Each plans its upstream's
+    dependent (B, C) and so writes a job_stat row the other's close also writes: without one lock
+    order (the close locks every row it will write first, by job_id) the two deadlock, and
+    PostgreSQL cancels one. Counted in pg_stat_database.deadlocks, 30 times over."""
+    def deadlocks() -> int:
+        api.execute("SELECT pg_stat_clear_snapshot()")
+        return int(scalar(api, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"))
+
+    before = deadlocks()
+    for i in range(30):
+        api.execute("DELETE FROM pgsched.job")
+        a = add_job(api, T)
+        b = after(api, [a])
+        c = after(api, [b])
+        # B and C have a plan each (their upstreams succeeded earlier)
+        api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T - S, b))
+        api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T - 2 * S, c))
+        me = register(api, T - S)
+        runs = {r["job_id"]: r for r in claim(api, me, T, workers=3)}
+        assert set(runs) == {a, b, c}
+        barrier = threading.Barrier(2)
+
+        def close(jobs: list[int], barrier: threading.Barrier = barrier,
+                  runs: dict[int, dict[str, Any]] = runs) -> None:
+            ends = [{"run_id": runs[j]["run_id"], "outcome": "success", "next_start": None,
+                     "finished_at": (T + S).isoformat(), "lease_token": runs[j]["lease_token"]} for j in jobs]
+            with psycopg.connect(db, autocommit=True) as conn:
+                conn.execute("SET deadlock_timeout = '20ms'")
+                barrier.wait()
+                conn.execute("SELECT * FROM pgsched._close_runs(%s)", (psycopg.types.json.Jsonb(ends),))
+                conn.execute("SELECT pg_stat_force_next_flush()")
+                conn.execute("SELECT 1")
+
+        threads = [threading.Thread(target=close, args=(jobs,)) for jobs in ([a, c], [b])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # every run closed, each success planned its dependent once
+        assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'success'") == 3, i
+        assert sorted(planned(api)) == [(b, T), (c, T - S)], i
+    assert deadlocks() == before

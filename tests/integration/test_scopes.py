@@ -170,3 +170,26 @@ def test_keys_are_read_as_postgresql_prints_them(db: str, shards: Conn) -> None:
     assert sorted(s for s, *_ in history(shards, job) if s) == ["eu", "us"]
     assert sorted(s for s, *_ in history(shards, other) if s) == ["f", "t"]
     assert [(s, r) for s, _, _, r, _ in history(shards, empty)] == [("", {"scopes": 1}), ("x", None)]
+
+
+def test_queued_scope_runs_get_half_the_workers_while_due_jobs_are_many(api: Conn) -> None:
+    """Neither starves the other when the workers are short: while scope runs are queued, due jobs
+    take at most half of a claim's workers (the rest, and whatever the queue leaves, goes to the
+    queue). Explicit time, no scheduler: the scope runs are queued as a plan run's close queues them."""
+    from tests.integration.helpers import rows
+    from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+    sharded = add_job(api, T + 3600 * S, scope_query="SELECT 1")
+    for key in ("a", "b", "c"):
+        api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                    "VALUES (%s, %s, %s, 'schedule', 'queued')", (sharded, key, T))
+    busy = [add_job(api, T) for _ in range(10)]
+    me = register(api, T - S)
+    got = claim(api, me, T + S, workers=4)
+    assert sorted((r["job_id"], r["scope"]) for r in got) == sorted(
+        [(busy[0], ""), (busy[1], ""), (sharded, "a"), (sharded, "b")])
+    # with one queued run left, due jobs take the rest
+    got = claim(api, me, T + 2 * S, workers=4)
+    assert sorted((r["job_id"], r["scope"]) for r in got) == sorted(
+        [(busy[2], ""), (busy[3], ""), (busy[4], ""), (sharded, "c")])
+    assert rows(api, "SELECT count(*) AS n FROM pgsched.job_run WHERE outcome = 'queued'") == [{"n": 0}]
