@@ -11,9 +11,9 @@
 -- run (its close, pgsched._end_runs) marks the edges it feeds; an '@after' dependent whose edges
 -- are all marked gets a plan (it becomes due, and any instance's claim starts it like a scheduled
 -- job; job_stat.upstream_backlog keeps the plans that come while one is pending or running) and
--- its marks are consumed in the same transaction; a scheduled dependent consumes them when its run starts
--- (pgsched._take_upstreams). Edges are locked in one order (dependent, upstream) by everyone who
--- reads them to decide, so two closes on two instances cannot both miss the other's mark.
+-- its marks are consumed in the same transaction; a scheduled dependent consumes them when its run
+-- starts (pgsched._take_upstreams). A close locks the dependents' job_stat rows before it reads
+-- their edges, so two closes on two instances cannot both miss the other's mark.
 
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
@@ -265,20 +265,24 @@ SELECT s.job_id, p.plan_time, p.n = 1 AS pending
 -- transaction): mark the edges they feed, plan a run of each '@after' dependent whose edges are then
 -- all marked, and consume its marks. A paused dependent is not planned; its marks wait for it.
 -- Returns how many plans it gave dependents. One statement (it runs in the close of every upstream):
--- * every edge of every dependent concerned is locked first, in one order (job_id, upstream_id):
---   a close of another upstream of the same dependent waits for this one's commit, and FOR UPDATE
---   then returns each edge as last committed, so the second close sees the first's mark;
+-- * the close has locked every dependent's job_stat row before anything else (pgsched._end_runs,
+--   one order with its own): a close of another upstream of the same dependent waits there for
+--   this one's commit, and this statement, which comes after, then reads the first's marks (each
+--   statement reads what was committed when it began). The edges need no lock of their own (one
+--   a scheduled dependent takes, pgsched._take_upstreams, holds back a mark's write until it ends);
 -- * what the edges will hold is worked out from those rows and the batch, and written where it
 --   changes (one upstream: its mark is set and consumed at once, and the edge is not written);
 -- * a dependent's plan makes it due, as a schedule does (job_stat.next_start: the claim starts it
 --   like any due job, one insert); a plan that comes while one is pending or running waits in
---   job_stat.upstream_backlog until that run's close (pgsched._end_runs) takes it. The close has
---   locked those job_stat rows already, with its own, in one order (see there).
+--   job_stat.upstream_backlog until that run's close (pgsched._end_runs) takes it.
 -- The schedulers are woken when nothing else was due (see below).
 CREATE OR REPLACE FUNCTION pgsched._upstreams_succeeded(upstreams integer[], plan_times timestamptz[],
                                                         now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+-- Its statement's plan is made once per session: left to choose, PostgreSQL planned it again at
+-- every call (a custom plan looked cheaper than the generic one), three times its execution.
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     planned integer;
     made_due integer;
@@ -287,16 +291,15 @@ BEGIN
     WITH batch AS (
         SELECT x.upstream_id, max(x.plan_time) AS plan_time
           FROM unnest(upstreams, plan_times) AS x(upstream_id, plan_time) GROUP BY x.upstream_id
-    ), locked AS (
+    ), marks AS (
+        -- every edge of every dependent concerned (their job_stat rows are locked: see above)
         SELECT d.job_id, d.upstream_id, d.succeeded_plan FROM pgsched.job_dependency d
          WHERE d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
-         ORDER BY d.job_id, d.upstream_id
-           FOR UPDATE
     ), edges AS (
         SELECT l.job_id, l.upstream_id, l.succeeded_plan, b.upstream_id IS NOT NULL AS fed,
                CASE WHEN b.upstream_id IS NULL THEN l.succeeded_plan
                     ELSE greatest(l.succeeded_plan, b.plan_time) END AS mark
-          FROM locked l LEFT JOIN batch b ON b.upstream_id = l.upstream_id
+          FROM marks l LEFT JOIN batch b ON b.upstream_id = l.upstream_id
     ), ready AS (
         -- The job looked up per dependent (a subquery the planner keeps: as a join, a plan made while
         -- no job was '@after' read every job for each close).
