@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from pgsched import migrate
 from tests.integration.helpers import Conn, collect_notifications, rows, scalar, snapshot
@@ -463,7 +464,7 @@ def test_closes_of_a_chain_on_two_connections_lock_in_one_order_and_never_deadlo
             with psycopg.connect(db, autocommit=True) as conn:
                 conn.execute("SET deadlock_timeout = '20ms'")
                 barrier.wait()
-                conn.execute("SELECT * FROM pgsched._close_runs(%s)", (psycopg.types.json.Jsonb(ends),))
+                conn.execute("SELECT * FROM pgsched._close_runs(%s)", (Jsonb(ends),))
                 conn.execute("SELECT pg_stat_force_next_flush()")
                 conn.execute("SELECT 1")
 
