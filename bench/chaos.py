@@ -539,7 +539,7 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
     skipped_total = int(db.value("SELECT coalesce(sum(total_skipped), 0) FROM pgsched.job_stat") or 0)
 
     gaps, off_grid = find_gaps(jobs, runs, until)
-    dep_missing, dep_extra, dep_runs = dependent_runs(db, until)
+    dep_missing, dep_extra, dep_runs, dep_stuck = dependent_runs(db, until)
     missed = sum(len(g.slots) for g in gaps)
     outcomes = Counter(r.outcome for r in runs)
     started_runs = sum(n for o, n in outcomes.items() if o not in ("skipped", "missed"))
@@ -559,8 +559,9 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
     print(f"duplicates: {len(duplicates)}")
     if dep_runs or dep_missing or dep_extra:
         print(f"dependent runs: {dep_runs}; missing (an upstream success without its run): {len(dep_missing)}; "
-              f"extra (a run no upstream success asked for): {len(dep_extra)}")
-        for what in (dep_missing + dep_extra)[:20]:
+              f"extra (a run no upstream success asked for): {len(dep_extra)}; stuck (given over a minute "
+              f"before the end, not started): {len(dep_stuck)}")
+        for what in (dep_missing + dep_extra + dep_stuck)[:20]:
             print(f"  {what}")
     for d in duplicates[:10]:
         print(f"  job {d[0]} plan {d[1].isoformat()}: {d[2]} effect rows, runs {d[3]}")
@@ -605,6 +606,7 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
         "duplicates": len(duplicates), "missed_outside_policy": missed, "missed_gaps": len(gaps),
         "dependents": chaos.args.dependents, "dependent_runs": dep_runs,
         "dependent_missing": len(dep_missing), "dependent_extra": len(dep_extra),
+        "dependent_stuck": len(dep_stuck),
         "missed_by_cause": dict(by_cause),
         "success_without_effect": len(success_no_effect),
         "effect_without_success": {str(k): int(v) for k, v in effect_not_success},
@@ -619,13 +621,14 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
     }
 
 
-def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int]:
-    """Each dependent's runs against its upstream's successes: (missing, extra, runs of dependents).
+def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int, list[str]]:
+    """Each dependent's runs against its upstream's successes: (missing, extra, runs of dependents, stuck).
 
     Missing: an upstream success that closed before `until` whose plan time the dependent has no run of
     (any outcome; a plan given and not yet started at the end counts: pgsched._upstream_plans). Extra: a
     dependent run or plan whose plan time is no success of its upstream, or a plan time it ran or was
-    given twice (the unique key forbids running it twice; checked anyway)."""
+    given twice (the unique key forbids running it twice; checked anyway). Stuck: a plan given more than
+    a minute before `until` and still not started (a backlog that does not drain would pass the rest)."""
     missing: list[str] = []
     extra: list[str] = []
     total = 0
@@ -642,7 +645,10 @@ def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int]:
                     for p, f in sorted(ok) if f <= until and p not in planned]
         extra += [f"job {dep}: {n} run(s) of plan {p.isoformat()}, upstream {up} succeeded for it "
                   f"{int(p in ok_plans)} time(s)" for p, n in sorted(planned.items()) if n > 1 or p not in ok_plans]
-    return missing, extra, total
+    stuck = [f"job {j}: plan {p.isoformat()} given and not started" for j, p in db.rows(
+        "SELECT job_id, plan_time FROM pgsched._upstream_plans WHERE plan_time < %s - interval '1 minute' "
+        "ORDER BY job_id, plan_time", (until,))]
+    return missing, extra, total, stuck
 
 
 def dump(c: Cluster, dsn: str, outdir: Path) -> None:
@@ -698,7 +704,7 @@ def main() -> None:
         dump(c, dsn, outdir)
     print(json.dumps(result), flush=True)
     if result["duplicates"] or result["missed_outside_policy"] or result["dependent_missing"] \
-            or result["dependent_extra"]:
+            or result["dependent_extra"] or result["dependent_stuck"]:
         sys.exit(1)
 
 

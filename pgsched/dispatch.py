@@ -114,7 +114,7 @@ class Dispatch(LoopState):
             self._fail_unrunnable(run.run_id, job.job_id,
                                   f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist")
             return
-        # A scheduled dependent's plan (an @after job's runs are queued only once its upstreams succeeded).
+        # A scheduled dependent's plan (an @after job is given plans only once its upstreams succeeded).
         # Its retries and the takeover of its run are the same plan, which took the upstreams' success.
         if job.depends_on and not job.schedule.by_database and not run.scope and not run.manual \
                 and run.attempt == 1 and run.consecutive_failures == 0:

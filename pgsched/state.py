@@ -131,8 +131,9 @@ def end_of_run(
     delay = job.schedule_delay
     if job.schedule.by_database:
         # @restart: its one plan is the server's start, no next start until the server starts again
-        # (pgsched._arm_restart_jobs); @after: its runs are queued by its upstreams' success
-        # (sql/api/07_dependencies.sql). Neither retries. The stored start is kept; the claim passes over it.
+        # (pgsched._arm_restart_jobs); @after: its upstreams' success gives it its plans, and the
+        # close takes the next (sql/api/07_dependencies.sql). Neither retries. The stored start is
+        # kept; the claim passes over a plan that ran.
         return RunEnd(outcome, None, JobState.SCHEDULED)
     if outcome is Outcome.SKIPPED:
         return _past_window(job, plan_time=plan_time, finish=schedule.plan_of(finish, delay))

@@ -35,8 +35,8 @@ log = logging.getLogger("pgsched.store")
 
 CHANNEL = "pgsched_catalog"
 REQUEST_PREFIXES = ("trigger:", "cancel:")
-# Notifications that say only that runs became claimable: queued scope runs (_close_batch), runs an
-# upstream's success queued (07_dependencies.sql), a concurrency key freed (_end_runs).
+# Notifications that say only that runs became claimable: queued scope runs (_close_batch), a
+# dependent an upstream's success made due (07_dependencies.sql), a concurrency key freed (_end_runs).
 RUNS_CLAIMABLE = frozenset({"scopes", "job_run:upstream", "concurrency_key:free"})
 
 
@@ -193,6 +193,9 @@ class Store:
         # estimated at their default 1,000 rows each, which crosses jit_above_cost: compiling
         # the heartbeat took 60 ms of a 65 ms statement and held up the claims behind it.
         self.conn.execute("SET jit = off")
+        # The closes' lock order (sql/api/20_runs.sql) relies on each statement reading what was
+        # committed when it began, whatever the database's default isolation.
+        self.conn.execute("SET default_transaction_isolation = 'read committed'")
         # A notification that arrives while one of our statements runs is taken off
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.

@@ -543,6 +543,9 @@ BEGIN
         RETURN NULL;
     END IF;
     IF NEW.depends_on IS DISTINCT FROM OLD.depends_on THEN
+        -- The job's row before its edges, in the order of an upstream's close (20_runs.sql), which
+        -- would otherwise hold the row and wait for an edge this holds.
+        PERFORM 1 FROM pgsched.job_stat st WHERE st.job_id = NEW.job_id FOR UPDATE;
         PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.owner, NEW.depends_on, false);
     END IF;
     IF (NEW.priority, NEW.jitter, NEW.concurrency_key) IS DISTINCT FROM (OLD.priority, OLD.jitter, OLD.concurrency_key)

@@ -248,11 +248,11 @@ CREATE OR REPLACE TRIGGER job_upstream_deleted AFTER DELETE ON pgsched.job
     FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted();
 
 -- The plans '@after' jobs have been given and not yet started: the pending one (next_start, less
--- the job's schedule_delay) and the ones waiting behind it. A pending plan whose run has started
+-- the job's schedule_delay) and the ones waiting behind it, in the order they will run (position). A pending plan whose run has started
 -- (its job is starting or running it) is not listed. What the tests and bench/chaos.py count as
 -- given; as the invoker, under row-level security.
 CREATE OR REPLACE VIEW pgsched._upstream_plans WITH (security_invoker = true) AS
-SELECT s.job_id, p.plan_time, p.n = 1 AS pending
+SELECT s.job_id, p.plan_time, p.n = 1 AS pending, p.n AS position
   FROM pgsched.job_stat s
   JOIN pgsched.job j ON j.job_id = s.job_id
  CROSS JOIN LATERAL unnest(pgsched._delayed(s.next_start, -j.schedule_delay) || coalesce(s.upstream_backlog, '{}'))
@@ -288,6 +288,16 @@ DECLARE
     made_due integer;
     nothing_due boolean;
 BEGIN
+    -- Under REPEATABLE READ or SERIALIZABLE (a run_job's close in such a transaction), a statement
+    -- reads the transaction's snapshot, not what the close's lock waited for: the edges are locked
+    -- too, which raises a serialization failure where another close marked them meanwhile, rather
+    -- than missing its mark. (The scheduler's sessions read committed: pgsched/store.py.)
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM 1 FROM pgsched.job_dependency d
+         WHERE d.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (upstreams))
+         ORDER BY d.job_id, d.upstream_id
+           FOR UPDATE;
+    END IF;
     WITH batch AS (
         SELECT x.upstream_id, max(x.plan_time) AS plan_time
           FROM unnest(upstreams, plan_times) AS x(upstream_id, plan_time) GROUP BY x.upstream_id
@@ -335,12 +345,15 @@ BEGIN
         RETURNING 1
     )
     -- The statement's snapshot: what was due before these plans (the closed jobs' next starts
-    -- included: the close wrote them in an earlier statement).
+    -- included: the close wrote them in an earlier statement). Only a job any instance may start
+    -- counts: not one waiting for its concurrency key, nor a Python job (whose module some
+    -- instances may not load).
     SELECT (SELECT count(*) FROM plans), (SELECT count(*) FROM plans p WHERE p.due_now),
            NOT EXISTS (SELECT 1 FROM pgsched.job_stat q
-                        WHERE q.state = 'scheduled'
+                        WHERE q.state = 'scheduled' AND q.concurrency_key IS NULL
                           AND pgsched._due_at(q.job_id, q.next_start, q.jitter_us)
-                              <= pg_catalog.timezone('UTC', _upstreams_succeeded.now))
+                              <= pg_catalog.timezone('UTC', _upstreams_succeeded.now)
+                          AND EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = q.job_id AND j.kind <> 'python'))
       INTO planned, made_due, nothing_due;
     -- Any instance may claim them: wake them all, when nothing else was due. While something is,
     -- an instance is about to claim, and a claim starts due jobs in order and says when the next is

@@ -214,7 +214,7 @@ $$;
 -- The first time a job's plan becomes eligible: its first plan time (pgsched._first_start)
 -- + schedule_delay (pgsched._delayed). Every way of creating or rescheduling a job uses this.
 -- An @restart job has none until the server next starts (pgsched._arm_restart_jobs), an @after
--- job none ever: its runs are queued by its upstreams' success (07_dependencies.sql).
+-- job none of its own: its upstreams' success gives it its plans (07_dependencies.sql).
 CREATE OR REPLACE FUNCTION pgsched._first_next_start(s pgsched.job_settings, iv interval)
 RETURNS timestamptz LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -642,7 +642,7 @@ BEGIN
     IF _alter_job.job_id IS NULL THEN
         PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
     END IF;
-    -- NO KEY: an upstream's close that queues this job's run checks its key meanwhile (FOR KEY SHARE).
+    -- NO KEY: a close that inserts a run of this job checks its key meanwhile (FOR KEY SHARE).
     SELECT * INTO j FROM pgsched.job WHERE job.job_id = _alter_job.job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         PERFORM pgsched._check_job_writable(_alter_job.job_id);
@@ -838,8 +838,14 @@ BEGIN
        SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL
      WHERE j.job_id = cur.job_id;
     PERFORM pgsched._store_settings(cur.job_id, s);
-    UPDATE pgsched.job_stat st SET next_start = pgsched._first_next_start(s, iv)
-     WHERE st.job_id = cur.job_id AND st.state <> 'disabled';
+    -- An @after job keeps the plans its upstreams gave it while it stays one, and drops them when
+    -- it gets a schedule (as _replan does).
+    UPDATE pgsched.job_stat st
+       SET next_start = CASE WHEN s.schedule = '@after' AND old.schedule = '@after' THEN st.next_start
+                             WHEN st.state = 'disabled' THEN st.next_start
+                             ELSE pgsched._first_next_start(s, iv) END,
+           upstream_backlog = CASE WHEN s.schedule = '@after' THEN st.upstream_backlog END
+     WHERE st.job_id = cur.job_id;
     RETURN cur.job_id;
 END
 $$;

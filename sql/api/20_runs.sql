@@ -128,6 +128,9 @@ BEGIN
     -- none does.
     IF EXISTS (SELECT 1 FROM pgsched.job_dependency) THEN
         run_ids := ARRAY(SELECT (x->>'run_id')::bigint FROM jsonb_array_elements(ends) x);
+        -- The runs first, as the statement below and a takeover (_take_over_v2) lock them: run, then
+        -- its job's row.
+        PERFORM 1 FROM pgsched.job_run jr WHERE jr.run_id = ANY (run_ids) ORDER BY jr.run_id FOR UPDATE;
         PERFORM 1 FROM pgsched.job_stat s
          WHERE s.job_id IN (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = ANY (run_ids)
                             UNION
@@ -228,6 +231,9 @@ BEGIN
                    next_start = CASE WHEN p.after_upstreams AND p.plan_run IS NOT NULL
                                           AND s.next_start = pgsched._delayed(p.plan_time, p.schedule_delay)
                                      THEN pgsched._delayed(s.upstream_backlog[1], p.schedule_delay)
+                                     -- its upstreams plan it, whatever the run's scheduler computed (a
+                                     -- schedule it had when the run started)
+                                     WHEN p.after_upstreams AND p.plan_run IS NOT NULL THEN s.next_start
                                      WHEN counters AND p.plan_run IS NOT NULL THEN coalesce(p.plan_next, s.next_start)
                                      ELSE s.next_start END,
                    upstream_backlog = CASE WHEN p.after_upstreams AND p.plan_run IS NOT NULL

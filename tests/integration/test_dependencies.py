@@ -48,7 +48,7 @@ def run_once(api: Conn, me: int, at: datetime, outcome: str = "success") -> list
 def planned(api: Conn) -> list[tuple[int, datetime]]:
     """The plans '@after' jobs were given and have not started (pending, then waiting behind it)."""
     return [(r["job_id"], r["plan_time"]) for r in rows(
-        api, "SELECT job_id, plan_time FROM pgsched._upstream_plans ORDER BY job_id, NOT pending, plan_time")]
+        api, "SELECT job_id, plan_time FROM pgsched._upstream_plans ORDER BY job_id, position")]
 
 
 def waiting(api: Conn, job_id: int) -> str | None:
@@ -272,7 +272,7 @@ def test_a_scheduler_disable_passes_its_reason_on_and_leaving_after_drops_its_pl
     me = register(api, T - S)
     run_once(api, me, T)
     assert planned(api) == [(down, T)]
-    run_once(api, me, T + 60 * S)  # runs the dependent; its upstream runs again
+    run_once(api, me, T + 60 * S)  # runs the dependent (its upstream is due again only later)
     api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 70 * S, up))
     run_once(api, me, T + 70 * S)
     api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (T + 80 * S, up))
@@ -477,3 +477,55 @@ def test_closes_of_a_chain_on_two_connections_lock_in_one_order_and_never_deadlo
         assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'success'") == 3, i
         assert sorted(planned(api)) == [(b, T), (c, T - S)], i
     assert deadlocks() == before
+
+
+def test_a_job_made_after_its_upstreams_during_a_run_keeps_the_plan_they_gave_it(api: Conn) -> None:
+    """The run's scheduler still computes the next start of the schedule the job had when the run
+    started; the close keeps the plan its upstreams gave it meanwhile instead."""
+    up = add_job(api, T + 10 * S)
+    down = add_job(api, T, depends_on=[str(up)])
+    me = register(api, T - S)
+    [r] = claim(api, me, T)
+    api.execute("SELECT pgsched.alter_job(%s, schedule => '@after')", (down,))
+    run_once(api, me, T + 10 * S)  # the upstream succeeds: a plan for the dependent
+    assert planned(api) == [(down, T + 10 * S)]
+    end(api, r["run_id"], T + 20 * S)  # as its scheduler computes it: the old schedule's next start
+    assert planned(api) == [(down, T + 10 * S)]
+    assert scalar(api, "SELECT next_start FROM pgsched.job_stat WHERE job_id = %s", (down,)) == T + 10 * S
+
+
+def test_a_close_under_repeatable_read_fails_rather_than_miss_another_close_s_mark(api: Conn, db: str) -> None:
+    """A close in a REPEATABLE READ transaction (run_job's, in a caller's session) reads its snapshot: the
+    edges' lock raises a serialization failure where another upstream's close marked them since,
+    instead of the dependent missing that mark."""
+    a, b = add_job(api, T), add_job(api, T)
+    down = after(api, [a, b])
+    me = register(api, T - S)
+    runs = {r["job_id"]: r for r in claim(api, me, T, workers=4)}
+    with psycopg.connect(db) as rr:
+        rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        rr.execute("SELECT 1")  # its snapshot: before b's close
+        end(api, runs[b]["run_id"], T + S)
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            rr.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL, finished_at => %s)",
+                       (runs[a]["run_id"], T + S))
+        rr.rollback()
+    assert planned(api) == []
+    end(api, runs[a]["run_id"], T + 2 * S)  # retried, reading committed: both marks are there
+    assert planned(api) == [(down, T)]
+
+
+def test_pg_cron_s_schedule_keeps_an_after_job_s_plans_and_a_new_schedule_drops_them(api: Conn) -> None:
+    up = add_job(api, T)
+    down = int(scalar(api, "SELECT pgsched.add_job('ok_fn', NULL, depends_on => %s, job_name => 'down')",
+                      ([str(up)],)))
+    me = register(api, T - S)
+    run_once(api, me, T)  # the first plan is pending
+    # a second success of the upstream (as its close reports it): that plan waits behind the first
+    assert scalar(api, "SELECT pgsched._upstreams_succeeded(%s, %s, now => %s)", ([up], [T + 10 * S], T + 11 * S)) == 1
+    assert planned(api) == [(down, T), (down, T + 10 * S)]
+    api.execute("SELECT pgsched.schedule('down', '@after', 'SELECT 1')")
+    assert planned(api) == [(down, T), (down, T + 10 * S)]
+    api.execute("SELECT pgsched.schedule('down', '*/5 * * * *', 'SELECT 1')")
+    assert planned(api) == []
+    assert scalar(api, "SELECT upstream_backlog FROM pgsched.job_stat WHERE job_id = %s", (down,)) is None
