@@ -24,3 +24,8 @@ WITH q AS (
 )
 DELETE FROM pgsched.job_run r
  WHERE r.job_id IN (SELECT m.job_id FROM moved m) AND r.scope = '' AND r.outcome = 'queued';
+
+-- Written by the API as the invoker, like next_start (0002_security.sql): alter_job and
+-- pg_cron's schedule() drop a job's waiting plans when it stops being '@after'. Row-level
+-- security keeps it to the caller's own jobs, whose next_start they may set already.
+GRANT UPDATE (upstream_backlog) ON pgsched.job_stat TO PUBLIC;

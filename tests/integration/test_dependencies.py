@@ -529,3 +529,29 @@ def test_pg_cron_s_schedule_keeps_an_after_job_s_plans_and_a_new_schedule_drops_
     api.execute("SELECT pgsched.schedule('down', '*/5 * * * *', 'SELECT 1')")
     assert planned(api) == []
     assert scalar(api, "SELECT upstream_backlog FROM pgsched.job_stat WHERE job_id = %s", (down,)) is None
+
+
+def test_an_ordinary_role_moves_its_after_job_to_a_schedule_and_back(api: Conn, db: str) -> None:
+    """alter_job and pg_cron's schedule() write the job's waiting plans as the invoker: an owner
+    without other rights can do both (and row-level security keeps it to its own jobs)."""
+    role = f"dep_owner_{abs(hash(db)) % 100000}"
+    api.execute(f"DROP ROLE IF EXISTS {role}")
+    api.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
+        api.execute(f"SET ROLE {role}")
+        try:
+            up = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'up_mine')"))
+            down = int(scalar(api, "SELECT pgsched.add_job('ok_fn', NULL, depends_on => '{up_mine}', "
+                                   "job_name => 'down_mine')"))
+            api.execute("SELECT pgsched.alter_job(%s, schedule => '5 minutes')", (down,))
+            api.execute("SELECT pgsched.alter_job(%s, schedule => '@after')", (down,))
+            api.execute("SELECT pgsched.schedule('down_mine', '*/5 * * * *', 'SELECT 1')")
+            assert scalar(api, "SELECT schedule FROM pgsched.jobs WHERE job_id = %s", (down,)) == "*/5 * * * *"
+            assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [up]
+        finally:
+            api.execute("RESET ROLE")
+    finally:
+        api.execute("DELETE FROM pgsched.job")
+        api.execute(f"DROP OWNED BY {role}")
+        api.execute(f"DROP ROLE {role}")
