@@ -67,5 +67,8 @@ def test_a_key_held_by_a_killed_scheduler_is_freed_when_its_run_is_found_crashed
     assert wait_outcome(db, run["run_id"], 10)["outcome"] == "crash"
     wait_for(lambda: query(db, "SELECT count(*) AS n FROM public.ran WHERE job_id = %s", (waiter,))[0]["n"] == 1,
              10, "the waiter to run once the key is free")
-    # the crashed holder waits out --crash-wait; nothing else holds the key
-    assert query(db, "SELECT running FROM pgsched.concurrency_limits")[0]["running"] == 0
+    # the crashed holder waits out --crash-wait; nothing else holds the key once the waiter's run is
+    # closed (its effect commits in the job, before the scheduler's close of the run)
+    wait_for(lambda: query(db, "SELECT running FROM pgsched.concurrency_limits")[0]["running"] == 0, 5,
+             "the waiter's run to be closed")
+    assert query(db, "SELECT outcome FROM pgsched.job_run WHERE job_id = %s", (holder,)) == [{"outcome": "crash"}]
