@@ -8,6 +8,8 @@ other bad input refused with nothing written; two closes on two connections raci
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,6 +51,25 @@ def planned(api: Conn) -> list[tuple[int, datetime]]:
     """The plans '@after' jobs were given and have not started (pending, then waiting behind it)."""
     return [(r["job_id"], r["plan_time"]) for r in rows(
         api, "SELECT job_id, plan_time FROM pgsched._upstream_plans ORDER BY job_id, position")]
+
+
+@contextmanager
+def as_new_role(api: Conn, db: str, prefix: str) -> Iterator[str]:
+    """`api` as a new login role that may run ok_fn and owns nothing else; dropped afterwards."""
+    role = f"{prefix}_{abs(hash(db)) % 100000}"
+    api.execute(f"DROP ROLE IF EXISTS {role}")
+    api.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
+        api.execute(f"SET ROLE {role}")
+        try:
+            yield role
+        finally:
+            api.execute("RESET ROLE")
+    finally:
+        api.execute("DELETE FROM pgsched.job")
+        api.execute(f"DROP OWNED BY {role}")
+        api.execute(f"DROP ROLE {role}")
 
 
 def waiting(api: Conn, job_id: int) -> str | None:
@@ -287,29 +308,18 @@ def test_a_scheduler_disable_passes_its_reason_on_and_leaving_after_drops_its_pl
 
 def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, db: str) -> None:
     up = add_job(api, T, job_name="private")
-    role = f"dep_{abs(hash(db)) % 100000}"
-    api.execute(f"DROP ROLE IF EXISTS {role}")
-    api.execute(f"CREATE ROLE {role} LOGIN")
-    try:
-        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
-        api.execute(f"SET ROLE {role}")
-        try:
-            for ref in (str(up), "private"):
-                with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"no job .* that role"):
-                    api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => %s)", ([ref],))
-            assert scalar(api, "SELECT count(*) FROM pgsched.job") == 0
-            # nor by writing the catalog, nor by asking the cycle check about it
-            mine = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour')"))
-            with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"no job '{up}' that role"):
-                api.execute("UPDATE pgsched.job SET depends_on = %s WHERE job_id = %s", ([up], mine))
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                api.execute("SELECT pgsched._check_upstreams(%s, %s)", (up, [mine]))
-            assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
-        finally:
-            api.execute("RESET ROLE")
-    finally:
-        api.execute(f"DROP OWNED BY {role}")
-        api.execute(f"DROP ROLE {role}")
+    with as_new_role(api, db, "dep"):
+        for ref in (str(up), "private"):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"no job .* that role"):
+                api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => %s)", ([ref],))
+        assert scalar(api, "SELECT count(*) FROM pgsched.job") == 0
+        # nor by writing the catalog, nor by asking the cycle check about it
+        mine = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour')"))
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=f"no job '{up}' that role"):
+            api.execute("UPDATE pgsched.job SET depends_on = %s WHERE job_id = %s", ([up], mine))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            api.execute("SELECT pgsched._check_upstreams(%s, %s)", (up, [mine]))
+        assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
 
 
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
@@ -534,24 +544,12 @@ def test_pg_cron_s_schedule_keeps_an_after_job_s_plans_and_a_new_schedule_drops_
 def test_an_ordinary_role_moves_its_after_job_to_a_schedule_and_back(api: Conn, db: str) -> None:
     """alter_job and pg_cron's schedule() write the job's waiting plans as the invoker: an owner
     without other rights can do both (and row-level security keeps it to its own jobs)."""
-    role = f"dep_owner_{abs(hash(db)) % 100000}"
-    api.execute(f"DROP ROLE IF EXISTS {role}")
-    api.execute(f"CREATE ROLE {role} LOGIN")
-    try:
-        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
-        api.execute(f"SET ROLE {role}")
-        try:
-            up = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'up_mine')"))
-            down = int(scalar(api, "SELECT pgsched.add_job('ok_fn', NULL, depends_on => '{up_mine}', "
-                                   "job_name => 'down_mine')"))
-            api.execute("SELECT pgsched.alter_job(%s, schedule => '5 minutes')", (down,))
-            api.execute("SELECT pgsched.alter_job(%s, schedule => '@after')", (down,))
-            api.execute("SELECT pgsched.schedule('down_mine', '*/5 * * * *', 'SELECT 1')")
-            assert scalar(api, "SELECT schedule FROM pgsched.jobs WHERE job_id = %s", (down,)) == "*/5 * * * *"
-            assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [up]
-        finally:
-            api.execute("RESET ROLE")
-    finally:
-        api.execute("DELETE FROM pgsched.job")
-        api.execute(f"DROP OWNED BY {role}")
-        api.execute(f"DROP ROLE {role}")
+    with as_new_role(api, db, "dep_owner"):
+        up = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'up_mine')"))
+        down = int(scalar(api, "SELECT pgsched.add_job('ok_fn', NULL, depends_on => '{up_mine}', "
+                               "job_name => 'down_mine')"))
+        api.execute("SELECT pgsched.alter_job(%s, schedule => '5 minutes')", (down,))
+        api.execute("SELECT pgsched.alter_job(%s, schedule => '@after')", (down,))
+        api.execute("SELECT pgsched.schedule('down_mine', '*/5 * * * *', 'SELECT 1')")
+        assert scalar(api, "SELECT schedule FROM pgsched.jobs WHERE job_id = %s", (down,)) == "*/5 * * * *"
+        assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [up]
