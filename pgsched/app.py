@@ -32,6 +32,8 @@ MAX_SCHEDULE_DELAY = timedelta(days=365)
 # jitter's bounds, as add_job checks them (sql/api/10_jobs.sql).
 MAX_JITTER = timedelta(days=1)
 _MAX_INT4 = 2**31 - 1
+# history's levels, as add_job checks them (sql/api/45_history.sql, pgsched._history_form).
+HISTORY_LEVELS = ("all", "failures", "none")
 # scope_query's length limit, as add_job checks it (sql/api/10_jobs.sql); the deploy plans the query.
 MAX_SCOPE_QUERY = 10_000
 
@@ -115,6 +117,9 @@ class JobSpec:
     jitter: str = "00:00:00"
     concurrency_key: str | None = None
     depends_on: tuple[str, ...] | None = None  # job names or ids (README "Dependencies")
+    history: str = "all"  # which ended runs keep a row (README "History and retention")
+    success_retention: str | None = None  # None: the database's
+    failure_retention: str | None = None
 
     def catalog_row(self) -> dict[str, Any]:
         return {
@@ -128,6 +133,8 @@ class JobSpec:
             "scope_query": self.scope_query, "database": self.database, "priority": self.priority,
             "exclude": self.exclude, "jitter": self.jitter, "concurrency_key": self.concurrency_key,
             "depends_on": list(self.depends_on) if self.depends_on is not None else None,
+            "history": self.history, "success_retention": self.success_retention,
+            "failure_retention": self.failure_retention,
         }
 
 
@@ -202,6 +209,17 @@ def _duration(value: str | timedelta | None, what: str, fn: str, *, allow_none: 
     return str(iv)
 
 
+def _retention(value: str | timedelta | None, what: str, fn: str) -> str | None:
+    """success_retention and failure_retention: a positive duration (months allowed, as in SQL), or None."""
+    if value is None:
+        return None
+    form = "a positive duration such as '7 days' or '12 hours', or None for the database's retention"
+    iv = _interval(value, what, fn, form)
+    if iv.months < 0 or iv.days < 0 or iv.micros < 0 or not (iv.months or iv.days or iv.micros):
+        raise JobDeclarationError(f"{fn}: {what} must be {form}, not {value!r}")
+    return str(iv)
+
+
 def _fixed_duration(value: str | timedelta, what: str, fn: str, most: timedelta, form: str) -> schedule.Interval:
     """schedule_delay and jitter: a fixed duration from 0 up to `most` (no months: their length varies)."""
     iv = _interval(value, what, fn, form)
@@ -252,6 +270,9 @@ def job(
     jitter: str | timedelta = NO_DELAY,
     concurrency_key: str | None = None,
     after: Sequence[str | int | Callable[..., Any]] | None = None,
+    history: str = "all",
+    success_retention: str | timedelta | None = None,
+    failure_retention: str | timedelta | None = None,
 ) -> Callable[[F], F]:
     """Declare a function as a scheduled job: `every=` an interval or `cron=` an expression, or
     `after=` the jobs it runs after (their names, ids, or handlers declared with @pgsched.job).
@@ -267,6 +288,9 @@ def job(
     `concurrency_key=` limits how many runs of the jobs sharing it run at once, over every instance.
     `after=` without a schedule: the job runs once each time all of those jobs have succeeded since its
     last run; with one, its planned runs are skipped until they have (README "Dependencies").
+    `history=` 'all', 'failures' or 'none': which of its ended runs keep a row in job_history;
+    `success_retention=` and `failure_retention=` replace the database's retention for its runs
+    (README "History and retention").
     """
 
     def declare(func: F) -> F:
@@ -332,6 +356,11 @@ def job(
                 exclusion.parse(exclude)
             except schedule.ScheduleError as e:
                 raise JobDeclarationError(f"{fn}: {e}") from None
+        if history not in HISTORY_LEVELS:
+            raise JobDeclarationError(f"{fn}: history must be one of {', '.join(map(repr, HISTORY_LEVELS))} "
+                                      f"(which ended runs keep a row in job_history), not {history!r}")
+        keep_ok = _retention(success_retention, "success_retention", fn)
+        keep_failed = _retention(failure_retention, "failure_retention", fn)
         if initial_start is not None and initial_start.tzinfo is None:
             raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
         try:
@@ -356,7 +385,8 @@ def job(
             catch_up_window=window, max_plans_per_tick=max_plans_per_tick, schedule_delay=str(delay),
             allow_stale_reentry=allow_stale_reentry, scope_query=scope_query, database=database,
             priority=priority, exclude=" ".join(exclude.split()) if exclude else None, jitter=str(spread),
-            concurrency_key=concurrency_key, depends_on=upstreams,
+            concurrency_key=concurrency_key, depends_on=upstreams, history=history,
+            success_retention=keep_ok, failure_retention=keep_failed,
         )
         return func
 

@@ -421,6 +421,10 @@ def trigger(job: str, dsn: str | None, wait: float) -> None:
         _fail(f"job {j.job_id} ({j.job_name}): no scheduler started the run within {wait:g}s: is `pgsched serve` "
               "running (with the job's --app, for a Python job)? A scheduler that heard the request starts it "
               "once the job's run in progress ends")
+    if run is not None and run["run_id"] is None:
+        click.echo(f"job {j.job_id} ({j.job_name}): run started (history '{run['history']}': its row in "
+                   "job_history is not kept once it ends)")
+        return
     click.echo(f"job {j.job_id} ({j.job_name}): " +
                (f"run {run['run_id']} started" if run else f"run requested (plan_time {plan.isoformat()})"))
 
@@ -448,7 +452,8 @@ def cancel(job: str, dsn: str | None, wait: float) -> None:
         while any(o == "running" for o in outcomes.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
             outcomes = query.run_outcomes(conn, run_ids)
-    for rid, outcome in outcomes.items():
+    for rid in run_ids:
+        outcome = outcomes.get(rid, "ended (its job's history level keeps no row of it)")
         click.echo(f"job {j.job_id} ({j.job_name}): run {rid} {outcome if outcome != 'running' else 'cancel asked'}")
     if wait > 0 and any(o == "running" for o in outcomes.values()):
         _fail(f"job {j.job_id}: the run did not end within {wait:g}s (its scheduler may be unreachable)")

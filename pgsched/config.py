@@ -50,6 +50,7 @@ FILE_SETTINGS: dict[str, type] = {
     "dead_after": float,
     "terminate_grace": float,
     "metrics_max_jobs": int,
+    "purge_interval": float,
 }
 
 

@@ -37,7 +37,7 @@ EARLIER_RELEASES: dict[str, int] = {"0.1.0": 5}
 # The catalog: what pg_dump must dump of an extension's tables (their rows, not their definitions).
 # A job's runs refer to instances, so those come too. The ledgers and api_state are the scripts'.
 CONFIG_TABLES = ("pgsched.instance", "pgsched.job", "pgsched.job_stat", "pgsched.job_run",
-                 "pgsched.concurrency_limit")
+                 "pgsched.concurrency_limit", "pgsched.history_policy")
 CONFIG_SEQUENCES = ("pgsched.lease_token_seq",)
 # Columns whose identity sequence holds the next id: without its value a restored database would
 # hand out ids the restored rows already have.

@@ -21,6 +21,7 @@ from pgsched.errors import first_line
 from pgsched.launcher import Worker
 from pgsched.metrics import LoopMetrics
 from pgsched.model import Run
+from pgsched.retention import Purger
 from pgsched.sdnotify import Notifier
 from pgsched.settings import Settings
 from pgsched.store import Finish, Store
@@ -37,6 +38,7 @@ class LoopState:
         self.rng = rng or random.Random()
         self.store: Store | None = None
         self.instance_id: int | None = None
+        self._purger = Purger(settings.dsn, settings.purge_interval)
         self.workers: dict[int, Worker] = {}
         self.runs: dict[int, Run] = {}
         self.pending: list[Finish] = []

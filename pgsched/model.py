@@ -50,6 +50,9 @@ class JobSettings:
     jitter: timedelta = timedelta(0)  # each planned start is delayed by up to this (README "Jitter")
     concurrency_key: str | None = None  # runs sharing it are limited over every instance (README "Concurrency limits")
     depends_on: list[int] | None = None  # the ids of the jobs it runs after (README "Dependencies")
+    history: str = "all"  # which ended runs keep a row: all, failures, none (README "History and retention")
+    success_retention: timedelta | None = None  # None: the database's (pgsched.set_retention)
+    failure_retention: timedelta | None = None  # None: the database's
 
     @classmethod
     def from_launch_row(cls, row: dict[str, Any]) -> JobSettings:

@@ -279,6 +279,8 @@ class Scheduler(Requests):
             self.instance_id = self.store.register_instance(socket.gethostname(), os.getpid(), __version__,
                                                             self.settings.max_workers)
             log.info("scheduler instance %s started (max_workers=%s)", self.instance_id, self.settings.max_workers)
+            # Its own thread and connection, from the first time the server takes writes on.
+            self._purger.start()
         else:
             log.info("reconnected to the database")
         # A server restart ends every session, so each scheduler comes here after one.
@@ -366,6 +368,7 @@ class Scheduler(Requests):
             log.error("SIGHUP: settings not reloaded: %s", e)
             return
         self.settings = replace(new, dsn=self.settings.dsn)
+        self._purger.every = self.settings.purge_interval  # from its next look on
         log.info("SIGHUP: settings reloaded (max_workers=%s)", self.settings.max_workers)
         live = [w for w in self.workers.values() if not w.retiring]
         for w in live[self.settings.max_workers:]:
@@ -374,6 +377,7 @@ class Scheduler(Requests):
                 w.close_stdin()
 
     def _shutdown(self) -> None:
+        self._purger.stop()
         for worker in list(self.workers.values()):
             worker.close_stdin()
         for worker in list(self.workers.values()):

@@ -31,6 +31,10 @@ class Settings:
     # Modules with @pgsched.job handlers: imported by the workers; their jobs are claimed only here
     # and on other instances that loaded them.
     apps: tuple[str, ...] = ()
+    # Every this many seconds an instance looks whether it is its turn to apply the history's
+    # retention (pgsched/retention.py; one instance a turn over all of them); 0: never (the
+    # retention is then applied by calling pgsched.purge_history).
+    purge_interval: float = 900.0
     # serve --http: above this many jobs, /metrics leaves out the per-job series (pgsched/httpd.py).
     metrics_max_jobs: int = 1000
 

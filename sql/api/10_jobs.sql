@@ -96,7 +96,17 @@ BEGIN
             || 'interval, text)',
         'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
             || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
-            || 'text, text, integer, text, interval, text)']
+            || 'text, text, integer, text, interval, text)',
+        -- with depends_on, before history and the retentions (migration 0014)
+        'pgsched.add_job(regproc, text, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text, '
+            || 'interval, text, text[])',
+        'pgsched.add_job(regproc, interval, jsonb, timestamptz, boolean, regproc, boolean, text, text, interval, '
+            || 'integer, interval, text, boolean, interval, integer, interval, boolean, text, text, integer, text, '
+            || 'interval, text, text[])',
+        'pgsched.alter_job(integer, interval, interval, integer, interval, boolean, jsonb, timestamptz, boolean, '
+            || 'regproc, boolean, timestamptz, text, text, text, text, jsonb, interval, integer, interval, boolean, '
+            || 'text, text, integer, text, interval, text, text[])']
     LOOP
         -- to_regprocedure first: DROP ... IF EXISTS would send a NOTICE on every install.
         IF pg_catalog.to_regprocedure(old_signature) IS NOT NULL THEN
@@ -146,8 +156,11 @@ SELECT pgsched._define_type('job_settings', $$
     exclude             text,        -- NULL, or a 5-field cron of minutes not to run in (README "Exclusion windows")
     jitter              interval,    -- each planned start is delayed by a pseudo-random part of it (README "Jitter")
     concurrency_key     text,        -- NULL, or a key whose runs are limited across instances (README "Concurrency limits")
-    depends_on          integer[]    -- NULL, or the ids of the jobs it runs after (README "Dependencies"); the
+    depends_on          integer[],   -- NULL, or the ids of the jobs it runs after (README "Dependencies"); the
                                      -- API takes ids or names (pgsched._resolve_upstreams)
+    history             text,        -- which ended runs keep a row: all, failures, none (README "History and retention")
+    success_retention   interval,    -- NULL: the database's (pgsched.set_retention), for successful, skipped, missed runs
+    failure_retention   interval     -- NULL: the database's, for failed, timed-out, crashed, cancelled runs
 $$);
 
 -- The defaults of add_job (and of a Python job's @pgsched.job): a setting not named here is NULL.
@@ -157,7 +170,7 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_catalog.jsonb_populate_record(NULL::pgsched.job_settings, pg_catalog.jsonb_build_object(
         'fixed_schedule', true, 'scheduled', true, 'max_retries', -1, 'retry_period', '5 minutes',
         'catch_up', 'latest', 'max_plans_per_tick', 100, 'schedule_delay', '0', 'allow_stale_reentry', false,
-        'priority', 0, 'jitter', '0'))
+        'priority', 0, 'jitter', '0', 'history', 'all'))
 $$;
 
 -- `base` with the settings named in `changes` (a jsonb object: setting => value, JSON null for
@@ -397,6 +410,13 @@ BEGIN
                                  CASE WHEN btrim(s.concurrency_key) = '' THEN format('%L is empty', s.concurrency_key)
                                       ELSE format('%s characters long', length(s.concurrency_key)) END, key_form);
     END IF;
+    IF s.history IS NULL THEN
+        PERFORM pgsched._bad_arg('history', 'NULL', pgsched._history_form(), '22004');
+    ELSIF s.history NOT IN ('all', 'failures', 'none') THEN
+        PERFORM pgsched._bad_arg('history', quote_literal(s.history), pgsched._history_form());
+    END IF;
+    PERFORM pgsched._check_retention(s.success_retention, 'success_retention', job_setting => true),
+            pgsched._check_retention(s.failure_retention, 'failure_retention', job_setting => true);
     IF s.priority IS NULL THEN
         PERFORM pgsched._bad_arg('priority', 'NULL', priority_form, '22004');
     ELSIF s.priority NOT BETWEEN -3600 AND 3600 THEN
@@ -547,7 +567,10 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     exclude text DEFAULT NULL,
     jitter interval DEFAULT interval '0',
     concurrency_key text DEFAULT NULL,
-    depends_on text[] DEFAULT NULL)
+    depends_on text[] DEFAULT NULL,
+    history text DEFAULT 'all',
+    success_retention interval DEFAULT NULL,
+    failure_retention interval DEFAULT NULL)
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 SET intervalstyle = 'postgres' AS $$
@@ -563,7 +586,9 @@ SET intervalstyle = 'postgres' AS $$
                                    'scope_query', scope_query, 'database', database,
                                    'priority', priority, 'exclude', exclude, 'jitter', jitter,
                                    'concurrency_key', concurrency_key,
-                                   'depends_on', pgsched._resolve_upstreams(depends_on, current_user::regrole))))
+                                   'depends_on', pgsched._resolve_upstreams(depends_on, current_user::regrole),
+                                   'history', history, 'success_retention', success_retention,
+                                   'failure_retention', failure_retention)))
 $$;
 
 -- TimescaleDB's signature, so its calls keep working: add_job('p', interval '1h')
@@ -593,7 +618,10 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
     exclude text DEFAULT NULL,
     jitter interval DEFAULT interval '0',
     concurrency_key text DEFAULT NULL,
-    depends_on text[] DEFAULT NULL)
+    depends_on text[] DEFAULT NULL,
+    history text DEFAULT 'all',
+    success_retention interval DEFAULT NULL,
+    failure_retention interval DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -606,7 +634,8 @@ BEGIN
                            max_plans_per_tick => max_plans_per_tick, schedule_delay => schedule_delay,
                            allow_stale_reentry => allow_stale_reentry, scope_query => scope_query,
                            database => database, priority => priority, exclude => exclude, jitter => jitter,
-                           concurrency_key => concurrency_key, depends_on => depends_on);
+                           concurrency_key => concurrency_key, depends_on => depends_on, history => history,
+                           success_retention => success_retention, failure_retention => failure_retention);
 END
 $$;
 
@@ -693,6 +722,13 @@ BEGIN
     IF s.concurrency_key = '' THEN
         s.concurrency_key := NULL;
     END IF;
+    -- '0' returns a retention to the database's.
+    IF s.success_retention = interval '0' THEN
+        s.success_retention := NULL;
+    END IF;
+    IF s.failure_retention = interval '0' THEN
+        s.failure_retention := NULL;
+    END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
                                   check_database => given ? 'database', owner => j.owner);
     IF _alter_job.check_config IS NOT NULL THEN
@@ -765,7 +801,10 @@ CREATE OR REPLACE FUNCTION pgsched.alter_job(
     exclude text DEFAULT NULL,
     jitter interval DEFAULT NULL,
     concurrency_key text DEFAULT NULL,
-    depends_on text[] DEFAULT NULL)
+    depends_on text[] DEFAULT NULL,
+    history text DEFAULT NULL,
+    success_retention interval DEFAULT NULL,
+    failure_retention interval DEFAULT NULL)
 RETURNS TABLE (job_id integer, schedule text, schedule_interval interval, max_runtime interval,
                max_retries integer, retry_period interval, scheduled boolean, config jsonb,
                next_start timestamptz, check_config text, fixed_schedule boolean, initial_start timestamptz,
@@ -781,7 +820,8 @@ SET intervalstyle = 'postgres' AS $$
             'fixed_schedule', $11, 'initial_start', $12, 'timezone', $13, 'job_name', $14, 'schedule', $15,
             'catch_up', $16, 'catch_up_window', $18, 'max_plans_per_tick', $19, 'schedule_delay', $20,
             'allow_stale_reentry', $21, 'scope_query', $22, 'database', $23, 'priority', $24,
-            'exclude', $25, 'jitter', $26, 'concurrency_key', $27))
+            'exclude', $25, 'jitter', $26, 'concurrency_key', $27, 'history', $29, 'success_retention', $30,
+            'failure_retention', $31))
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched.delete_job(job_id integer)

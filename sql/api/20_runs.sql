@@ -90,7 +90,8 @@ $$;
 -- Returns the runs it closed with their job's state before and after.
 -- Set-based: a batch of runs costs a few statements, not a few per run (the close runs for
 -- every run; per-run statements were a quarter of the scheduler's database time).
-CREATE OR REPLACE FUNCTION pgsched._end_runs(ends jsonb, counters boolean DEFAULT true)
+-- forget => false: the caller still reads the closed rows, and calls _forget_runs itself after.
+CREATE OR REPLACE FUNCTION pgsched._end_runs(ends jsonb, counters boolean DEFAULT true, forget boolean DEFAULT true)
 RETURNS TABLE (run_id bigint, job_id integer, scope text, outcome text, old_state text, new_state text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -108,6 +109,7 @@ DECLARE
     ok_plans timestamptz[] := '{}';
     ok_at timestamptz;  -- when the last of them ended: the clock of what is due then
     run_ids bigint[];
+    closed bigint[] := '{}';
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
@@ -253,6 +255,7 @@ BEGIN
         run_id := c.run_id; job_id := c.job_id; scope := c.scope; outcome := c.outcome;
         old_state := c.old_state; new_state := c.new_state;
         RETURN NEXT;
+        closed := closed || c.run_id;
         -- Events (README "Events"): a run that ends other than in success, and a job this close
         -- disables, are announced on pgsched_events. Here, not in a trigger: a success costs one
         -- test (a NOTIFY per success would serialize commits on the notify queue's lock). The
@@ -307,6 +310,9 @@ BEGIN
     IF disable <> '{}' THEN
         -- After the statement above: pausing the job fires its trigger, which writes job_stat too.
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = ANY (disable) AND j.scheduled;
+    END IF;
+    IF forget THEN
+        PERFORM pgsched._forget_runs(closed);
     END IF;
 END
 $$;

@@ -12,7 +12,8 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.max_runtime, j.max_retries, j.retry_period, j.catch_up,
        s.next_start, j.created_at, j.updated_at,
        j.catch_up_window, j.max_plans_per_tick, j.schedule_delay, j.allow_stale_reentry,
-       j.scope_query, j.database, j.priority, j.exclude, j.jitter, j.concurrency_key, j.depends_on
+       j.scope_query, j.database, j.priority, j.exclude, j.jitter, j.concurrency_key, j.depends_on,
+       j.history, j.success_retention, j.failure_retention
   FROM pgsched.job j
   JOIN pgsched.job_stat s USING (job_id);
 

@@ -76,7 +76,8 @@ SELECT pgsched._define_type('_launch_row_v2', $$
     catch_up text, catch_up_window_s double precision, max_plans_per_tick integer,
     schedule_delay_s double precision, allow_stale_reentry boolean, scope_query text, next_due timestamptz,
     db_now timestamptz, scheduled boolean, job_state text, database text, priority integer,
-    exclude text, jitter_s double precision, concurrency_key text, depends_on integer[]$$);
+    exclude text, jitter_s double precision, concurrency_key text, depends_on integer[], history text,
+    success_retention_s double precision, failure_retention_s double precision$$);
 
 -- What a scheduler needs to launch a run of a job, by job_id: read by _claim_v2 and
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
@@ -99,7 +100,8 @@ SELECT j.job_id, j.job_name, j.kind,
        j.scheduled,
        -- appended (release 0.1.0's view is replaced in place): the job's database, NULL for ours
        j.database, j.priority, j.exclude, extract(epoch FROM j.jitter)::float8 AS jitter_s, j.concurrency_key,
-       j.depends_on
+       j.depends_on, j.history, extract(epoch FROM j.success_retention)::float8 AS success_retention_s,
+       extract(epoch FROM j.failure_retention)::float8 AS failure_retention_s
   FROM pgsched.job j
   LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = j.owner
   LEFT JOIN LATERAL (
@@ -320,7 +322,8 @@ BEGIN
                           OR s3.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
                    LIMIT 1)),
            clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
-           v.concurrency_key, v.depends_on
+           v.concurrency_key, v.depends_on,
+           v.history, v.success_retention_s, v.failure_retention_s
       FROM claimed c
       LEFT JOIN due d ON d.job_id = c.job_id AND c.scope = ''
       LEFT JOIN started st ON st.job_id = c.job_id
@@ -618,7 +621,8 @@ SET search_path = pg_catalog, pg_temp AS $$
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            NULL::timestamptz, clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
-           v.jitter_s, v.concurrency_key, v.depends_on
+           v.jitter_s, v.concurrency_key, v.depends_on,
+           v.history, v.success_retention_s, v.failure_retention_s
       FROM t JOIN s ON s.job_id = t.job_id JOIN pgsched._job_launch v ON v.job_id = t.job_id
 $$;
 
@@ -771,7 +775,7 @@ DECLARE
     scope_ended boolean := false;
     wake boolean := false;
 BEGIN
-    FOR c IN SELECT * FROM pgsched._end_runs(ends) LOOP
+    FOR c IN SELECT * FROM pgsched._end_runs(ends, forget => false) LOOP
         run_id := c.run_id; job_id := c.job_id; old_state := c.old_state; new_state := c.new_state;
         RETURN NEXT;
         closed := closed || c.run_id;
@@ -824,6 +828,8 @@ BEGIN
         -- only the ones that happen to have an idle worker at their next claim.
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
     END IF;
+    -- Last: the statements above read the closed rows.
+    PERFORM pgsched._forget_runs(closed);
 END
 $$;
 

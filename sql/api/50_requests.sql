@@ -91,7 +91,8 @@ BEGIN
            v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
            v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
            NULL::timestamptz, pg_catalog.clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
-           v.jitter_s, v.concurrency_key, v.depends_on
+           v.jitter_s, v.concurrency_key, v.depends_on,
+           v.history, v.success_retention_s, v.failure_retention_s
       FROM pgsched.job_run r
       JOIN pgsched._job_launch v ON v.job_id = r.job_id
       JOIN pgsched.job_stat s ON s.job_id = r.job_id

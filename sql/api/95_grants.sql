@@ -16,7 +16,7 @@ DECLARE
     public_api constant text[] := ARRAY[
         -- the API (also reachable unqualified through the public wrappers)
         'add_job', 'alter_job', 'delete_job', 'run_job', 'schedule', 'unschedule', 'next_runs', 'trigger_job',
-        'cancel_job', 'set_concurrency_limit',
+        'cancel_job', 'set_concurrency_limit', 'set_retention', 'purge_history',
         'plpython_available',
         -- what the API calls as the invoker
         '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',
@@ -47,6 +47,8 @@ DECLARE
         -- (the job's trigger checks it as the schema owner: _sync_dependencies, _check_upstreams);
         -- job_stats reads the wait; the trigger of deleted upstreams
         '_resolve_upstreams', '_may_see', '_depends_form', '_upstream_wait', '_dependency_deleted',
+        -- a job's history level and retentions, checked by _check_settings (45_history.sql)
+        '_check_retention', '_retention_form', '_history_form',
         -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check
         -- it before anything else, as whichever role runs them
         '_api'];

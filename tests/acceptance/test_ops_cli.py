@@ -118,6 +118,18 @@ def test_ambiguous_name_unknown_job_unreachable_database(dsn: str) -> None:
         assert r.stderr.count("\n") == 1
 
 
+def test_trigger_of_a_job_that_keeps_no_history_says_it_started(dsn: str, serve: ServeFactory) -> None:
+    # The run ends, and its row goes (history 'none'), long before the command's next look.
+    quiet = add_job(dsn, "'tick', '1 hour', job_name => 'quiet', history => 'none', "
+                         "initial_start => '2100-01-01 00:00+00'")
+    serve(dsn, *FAST)
+    r = cli("trigger", "quiet", "--dsn", dsn, "--wait", "10")
+    assert r.returncode == 0, r.stderr
+    assert "started" in r.stdout
+    wait_for(lambda: stats(dsn, quiet)["total_successes"] == 1 or None, 5, "the triggered run")
+    assert history(dsn, quiet) == []
+
+
 def test_trigger_cancel_status_instances_and_environment(dsn: str, serve: ServeFactory) -> None:
     idle = add_job(dsn, "'tick', '1 hour', job_name => 'idle', initial_start => '2100-01-01 00:00+00'")
     slow = add_job(dsn, "'sleeper', '1 hour', job_name => 'slow', config => '{\"s\": 60}', "

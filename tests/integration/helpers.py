@@ -124,3 +124,22 @@ def notices(conn: Conn) -> Iterator[list[str]]:
         yield seen
     finally:
         conn.remove_notice_handler(handler)
+
+
+@contextmanager
+def as_new_role(api: Conn, db: str, prefix: str) -> Iterator[str]:
+    """`api` as a new login role that may run ok_fn and owns nothing else; dropped afterwards."""
+    role = f"{prefix}_{abs(hash(db)) % 100000}"
+    api.execute(f"DROP ROLE IF EXISTS {role}")
+    api.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
+        api.execute(f"SET ROLE {role}")
+        try:
+            yield role
+        finally:
+            api.execute("RESET ROLE")
+    finally:
+        api.execute("DELETE FROM pgsched.job")
+        api.execute(f"DROP OWNED BY {role}")
+        api.execute(f"DROP ROLE {role}")

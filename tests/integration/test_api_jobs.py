@@ -82,6 +82,7 @@ def test_add_job_all_named_arguments(api: Conn) -> None:
         "schedule_delay": "00:01:30", "allow_stale_reentry": True, "scope_query": "SELECT job_id::text FROM ran",
         "database": None, "priority": 0, "exclude": None,
         "jitter": "00:00:00", "concurrency_key": None, "depends_on": None,
+        "history": "all", "success_retention": None, "failure_retention": None,
     }
     s = stats(api, job_id)
     assert s["state"] == "disabled"

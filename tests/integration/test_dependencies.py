@@ -8,8 +8,6 @@ other bad input refused with nothing written; two closes on two connections raci
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +17,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgsched import migrate
-from tests.integration.helpers import Conn, collect_notifications, rows, scalar, snapshot
+from tests.integration.helpers import Conn, as_new_role, collect_notifications, rows, scalar, snapshot
 from tests.integration.test_core_sql_time import S, T, add_job, claim, register
 
 FORM = "job ids or names of jobs the job's owner may see"
@@ -51,25 +49,6 @@ def planned(api: Conn) -> list[tuple[int, datetime]]:
     """The plans '@after' jobs were given and have not started (pending, then waiting behind it)."""
     return [(r["job_id"], r["plan_time"]) for r in rows(
         api, "SELECT job_id, plan_time FROM pgsched._upstream_plans ORDER BY job_id, position")]
-
-
-@contextmanager
-def as_new_role(api: Conn, db: str, prefix: str) -> Iterator[str]:
-    """`api` as a new login role that may run ok_fn and owns nothing else; dropped afterwards."""
-    role = f"{prefix}_{abs(hash(db)) % 100000}"
-    api.execute(f"DROP ROLE IF EXISTS {role}")
-    api.execute(f"CREATE ROLE {role} LOGIN")
-    try:
-        api.execute(f"GRANT EXECUTE ON FUNCTION public.ok_fn(integer, jsonb) TO {role}")
-        api.execute(f"SET ROLE {role}")
-        try:
-            yield role
-        finally:
-            api.execute("RESET ROLE")
-    finally:
-        api.execute("DELETE FROM pgsched.job")
-        api.execute(f"DROP OWNED BY {role}")
-        api.execute(f"DROP ROLE {role}")
 
 
 def waiting(api: Conn, job_id: int) -> str | None:

@@ -413,11 +413,12 @@ def test_views_show_scope_query_after_the_columns_before_it(regions: Conn) -> No
     for view in ("pgsched.jobs", "public.jobs"):
         assert scalar(regions, f"SELECT scope_query FROM {view} WHERE job_id = %s", (job_id,)) == WHOLE_QUERY
         # appended: a view's existing columns cannot move on upgrade; database, priority, exclude, jitter,
-        # concurrency_key and depends_on came after it
+        # concurrency_key, depends_on, history and the retentions came after it
         assert [r["attname"] for r in rows(
             regions, "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-                     "ORDER BY attnum DESC LIMIT 7", (view,))] == ["depends_on", "concurrency_key", "jitter",
-                                                                 "exclude", "priority", "database", "scope_query"]
+                     "ORDER BY attnum DESC LIMIT 10", (view,))] == [
+            "failure_retention", "success_retention", "history", "depends_on", "concurrency_key", "jitter",
+            "exclude", "priority", "database", "scope_query"]
 
 
 @pytest.mark.parametrize("query", [
@@ -630,7 +631,7 @@ def test_upgrade_replaces_the_previous_signatures(empty_db: str, previous: str) 
         assert overloads(c, "pgsched") == {"_check_settings": 1, "_insert_job": 1, "add_job": 2, "_alter_job": 1,
                                            "alter_job": 1}
         assert overloads(c, "public") == {"add_job": 2, "alter_job": 1}
-        assert scalar(c, "SELECT pronargs FROM pg_proc WHERE oid = 'pgsched.alter_job'::regproc") == 28
+        assert scalar(c, "SELECT pronargs FROM pg_proc WHERE oid = 'pgsched.alter_job'::regproc") == 31
         # unqualified and qualified calls resolve to the new functions, old-style calls included
         a = scalar(c, "SELECT add_job('ok_fn', '5 minutes')")
         b = scalar(c, "SELECT add_job('ok_fn', interval '1 hour', schedule_delay => '1 minute', "

@@ -32,6 +32,7 @@ SAMPLE: dict[str, Any] = {
     "catch_up_window": "02:00:00", "max_plans_per_tick": 7, "schedule_delay": "00:00:30",
     "allow_stale_reentry": True, "scope_query": "SELECT 1", "database": "postgres", "priority": 42,
     "exclude": "* 2 * * *", "jitter": "00:00:20", "concurrency_key": "sample-key", "depends_on": ["sample_up"],
+    "history": "failures", "success_retention": "2 days", "failure_retention": "60 days",
 }
 PY_TYPES = {"text": str, "boolean": bool, "integer": int, "interval": timedelta,
             "timestamp with time zone": datetime, "jsonb": Any, "integer[]": list[int]}
@@ -122,7 +123,7 @@ def test_add_job_takes_every_setting_with_its_type_and_default(conn: Conn, sched
     name, typ = schedule_arg.split()
     args = _arguments(conn, f"pgsched.add_job(regproc, {typ}, jsonb, timestamptz, boolean, regproc, boolean, text, "
                             "text, interval, integer, interval, text, boolean, interval, integer, interval, boolean, "
-                            "text, text, integer, text, interval, text, text[])")
+                            "text, text, integer, text, interval, text, text[], text, interval, interval)")
     dflt = defaults(conn)
     for setting, setting_type in definition(conn):
         if setting == "schedule":
@@ -215,7 +216,8 @@ def test_the_launch_row_gives_python_every_setting(api: Conn) -> None:
         max_runtime=timedelta(hours=1), max_retries=3, retry_period=timedelta(minutes=1), catch_up="all",
         catch_up_window=timedelta(hours=2), max_plans_per_tick=7, schedule_delay=timedelta(seconds=30),
         allow_stale_reentry=True, scope_query="SELECT 1", database="postgres", priority=42,
-        exclude="* 2 * * *", jitter=timedelta(seconds=20), concurrency_key="sample-key", depends_on=[up])
+        exclude="* 2 * * *", jitter=timedelta(seconds=20), concurrency_key="sample-key", depends_on=[up],
+        history="failures", success_retention=timedelta(days=2), failure_retention=timedelta(days=60))
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -130,6 +130,11 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "concurrency_key": "  "}, "concurrency_key must be a name of 1 to 200 characters"),
     ({"every": "1 minute", "concurrency_key": "k" * 201}, "concurrency_key must be a name of 1 to 200 characters"),
     ({"every": "1 minute", "concurrency_key": 7}, "concurrency_key must be a name of 1 to 200 characters"),
+    ({"every": "1 minute", "history": "some"}, "history must be one of 'all', 'failures', 'none'"),
+    ({"every": "1 minute", "history": None}, "history must be one of"),
+    ({"every": "1 minute", "success_retention": "0 seconds"}, "success_retention must be a positive duration"),
+    ({"every": "1 minute", "failure_retention": timedelta(days=-1)}, "failure_retention must be a positive duration"),
+    ({"every": "1 minute", "failure_retention": "soon"}, "invalid failure_retention: 'soon' is not an interval"),
     ({}, "give exactly one of every= .*, or after="),
     ({"after": "extract"}, "after must be a list of 1 to 100 jobs"),
     ({"after": []}, "after must be a list of 1 to 100 jobs"),
@@ -261,3 +266,20 @@ def test_the_deploy_order_puts_each_job_after_the_declared_jobs_it_depends_on() 
         h.__qualname__ = f"h_{name}"
         pgsched.job(every="1 hour", name=name, after=after)(h)
     assert [s.name for s in app.registered()] == ["a", "d", "c", "b"]
+
+
+@pytest.mark.parametrize(("given", "stored"), [
+    ({}, ("all", None, None)),
+    ({"history": "failures", "success_retention": "2 days", "failure_retention": "3 mons"},
+     ("failures", "2 days", "3 mons")),
+    ({"history": "none", "success_retention": timedelta(hours=12)}, ("none", "12:00:00", None)),
+])
+def test_history_and_retentions_are_declared_as_add_job_reads_them(given: dict[str, Any],
+                                                                   stored: tuple[str, str | None, str | None]) -> None:
+    def kept(run: pgsched.Run) -> None: ...
+
+    pgsched.job(every="1 minute", name="kept", **given)(kept)
+
+    row = app.REGISTRY["kept"].catalog_row()
+    assert (row["history"], row["success_retention"], row["failure_retention"]) == stored
+

@@ -1,0 +1,105 @@
+"""The history purge each scheduler instance takes its turn at (README "History and retention").
+
+Every `purge_interval` seconds an instance asks the database whether it is its turn
+(pgsched._purge_turn: the first to ask once the interval has passed since the last turn, over
+every instance), and if so applies the retention with pgsched.purge_history in batches of
+`BATCH` runs, one transaction each, until a batch comes back short. It does so on a thread and a
+connection of its own: the scheduler's loop, its claims and its closes never wait for a purge.
+The database's clock judges the rows' age (purge_history's default `now`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+
+from pgsched.config import redact
+from pgsched.errors import first_line
+
+log = logging.getLogger("pgsched.retention")
+
+# Runs deleted by one transaction: small enough that each batch holds its row locks for tens of
+# milliseconds, large enough that a day's history at full speed goes in minutes.
+BATCH = 5000
+IDLE_LOOK = 5.0
+
+
+class Purger:
+    """One instance's share of the purge: start() after the instance registered, stop() at exit."""
+
+    def __init__(self, dsn: str, every: float, *, batch: int = BATCH) -> None:
+        self.dsn = dsn
+        self.every = every
+        self.batch = batch
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self.turns = 0  # purges this instance ran (tests, the stats line)
+        self.runs_purged = 0
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._loop, name="pgsched-purge", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _loop(self) -> None:
+        # The first look at once: a database whose last purge is older than the interval (or that
+        # never had one) gets it from the first instance that starts.
+        # purge_interval 0 (the retention applied by hand, pgsched.purge_history): the thread only
+        # looks every IDLE_LOOK seconds whether a reload (SIGHUP) turned it on.
+        while not self._stop.is_set():
+            every = self.every
+            if every > 0:
+                try:
+                    self.purge_if_turn()
+                except psycopg.Error as e:
+                    log.warning("history purge failed (retried in %ss): %s", every, first_line(e))
+                    if self._conn is not None:
+                        self._conn.close()
+                        self._conn = None
+            self._stop.wait(every if every > 0 else IDLE_LOOK)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgsched purge")
+            except psycopg.Error as e:
+                raise psycopg.OperationalError(f"cannot connect to {redact(self.dsn)}: {first_line(e)}") from None
+            # A batch waits for no lock long: the rows it deletes are ended runs nobody writes, and
+            # the instance rows it removes belong to stopped instances.
+            self._conn.execute("SET lock_timeout = '1s'")
+        return self._conn
+
+    def purge_if_turn(self) -> bool:
+        """Purge if it is this instance's turn; whether it was."""
+        conn = self._connection()
+        row = conn.execute("SELECT pgsched._purge_turn(make_interval(secs => %s))", (self.every,)).fetchone()
+        if not (row and row[0]):
+            return False
+        runs = instances = 0
+        while not self._stop.is_set():
+            got = conn.execute("SELECT runs, instances FROM pgsched.purge_history(max_rows => %s)",
+                               (self.batch,)).fetchone()
+            assert got is not None
+            runs += got[0]
+            instances += got[1]
+            if got[0] < self.batch:
+                break
+        self.turns += 1
+        self.runs_purged += runs
+        log.info("history purged: %d run(s) and %d stopped instance(s) past their retention", runs, instances,
+                 extra={"runs": runs, "instances": instances})
+        return True

@@ -1,0 +1,286 @@
+"""History that stays bounded (issue 12, README "History and retention"): the database's retention
+and its settings view, a job's own retention and history level, pgsched.purge_history (by outcome,
+in batches, idempotent, two sessions at once), the pruning of stopped instances, and the
+schedulers' turn at the purge. Time is a parameter: purge_history(now => ...) and the rows' own
+finished_at, never a sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgsched.retention import Purger
+from tests.integration.helpers import Conn, add_job, as_new_role, one, rows, scalar, snapshot, stats
+from tests.integration.test_scheduler import run_scheduler
+
+NOW = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def ended_run(conn: Conn, job_id: int, outcome: str, ended_ago: timedelta, plan_offset: int = 0) -> int:
+    """A run of `job_id` that ended `ended_ago` before NOW with `outcome` (its row as a close leaves it)."""
+    at = NOW - ended_ago
+    return int(scalar(conn, """INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, outcome)
+                               VALUES (%s, %s, %s, %s, %s) RETURNING run_id""",
+                      (job_id, at - timedelta(seconds=1 + plan_offset), at - timedelta(seconds=1), at, outcome)))
+
+
+def left(conn: Conn, job_id: int) -> list[tuple[str, timedelta]]:
+    """(outcome, age at NOW) of the job's rows, oldest first."""
+    return [(r["outcome"], NOW - r["finished_at"]) for r in rows(
+        conn, "SELECT outcome, finished_at FROM pgsched.job_run WHERE job_id = %s AND finished_at IS NOT NULL "
+                 "ORDER BY finished_at", (job_id,))]
+
+
+def purge(conn: Conn, max_rows: int | None = None, now: datetime = NOW) -> tuple[int, int]:
+    r = one(conn, "SELECT * FROM pgsched.purge_history(now => %s, max_rows => %s)", (now, max_rows))
+    return int(r["runs"]), int(r["instances"])
+
+
+def days(n: float) -> timedelta:
+    return timedelta(days=n)
+
+
+# -- the database's retention ------------------------------------------------------------------
+
+def test_settings_show_the_default_retention_and_set_retention_changes_it(api: Conn) -> None:
+    shown = {r["name"]: r for r in rows(api, "SELECT * FROM pgsched.settings")}
+    assert shown["success_retention"]["value"] == shown["success_retention"]["default_value"] == "7 days"
+    assert shown["failure_retention"]["value"] == shown["failure_retention"]["default_value"] == "30 days"
+    assert shown["last_purge"]["value"] is None
+    assert one(api, "SELECT * FROM pgsched.set_retention(success => '2 days')") == {
+        "success_retention": days(2), "failure_retention": days(30)}
+    # NULL keeps the other
+    assert one(api, "SELECT * FROM pgsched.set_retention(failure => '90 days')") == {
+        "success_retention": days(2), "failure_retention": days(90)}
+    assert scalar(api, "SELECT value FROM pgsched.settings WHERE name = 'success_retention'") == "2 days"
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    ("SELECT pgsched.set_retention(success => '0')", "invalid success: 00:00:00 is zero"),
+    ("SELECT pgsched.set_retention(failure => '-1 day')", "invalid failure: -1 days is negative"),
+    ("SELECT pgsched.add_job('ok_fn', '1 hour', success_retention => '0')", "invalid success_retention: "),
+    ("SELECT pgsched.add_job('ok_fn', '1 hour', failure_retention => '-5 minutes')",
+     "invalid failure_retention: -00:05:00 is negative"),
+    ("SELECT pgsched.add_job('ok_fn', '1 hour', history => 'some')", "invalid history: 'some'"),
+])
+def test_bad_retention_or_history_level_is_refused_with_its_form_and_nothing_written(api: Conn, call: str,
+                                                                                    message: str) -> None:
+    before = snapshot(api), rows(api, "SELECT * FROM pgsched.history_policy")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+        api.execute(call)
+    assert message in str(e.value)
+    # the form is named in the hint
+    assert e.value.diag.message_hint and ("positive duration" in e.value.diag.message_hint
+                                          or "'failures'" in e.value.diag.message_hint)
+    assert (snapshot(api), rows(api, "SELECT * FROM pgsched.history_policy")) == before
+
+
+def test_a_null_history_level_is_a_null_value_error(api: Conn) -> None:
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="invalid history: NULL"):
+        api.execute("SELECT pgsched.add_job('ok_fn', '1 hour', history => NULL)")
+
+
+def test_only_administrators_set_the_retention_or_purge(api: Conn, db: str) -> None:
+    with as_new_role(api, db, "keeper") as role:
+        assert role
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to set the retention"):
+            api.execute("SELECT pgsched.set_retention(success => '1 day')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied to purge"):
+            api.execute("SELECT pgsched.purge_history()")
+        # ... but reads the policy, and sets its own job's
+        assert scalar(api, "SELECT value FROM pgsched.settings WHERE name = 'success_retention'") == "7 days"
+        job_id = add_job(api, "'ok_fn', '1 hour', success_retention => '1 day', history => 'failures'")
+        assert one(api, "SELECT history, success_retention FROM pgsched.jobs WHERE job_id = %s", (job_id,)) == {
+            "history": "failures", "success_retention": days(1)}
+    assert scalar(api, "SELECT success_retention FROM pgsched.history_policy") == days(7)
+
+
+def test_alter_job_sets_and_returns_a_jobs_retention_to_the_databases(api: Conn) -> None:
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    assert one(api, "SELECT history, success_retention, failure_retention FROM pgsched.jobs WHERE job_id = %s",
+               (job_id,)) == {"history": "all", "success_retention": None, "failure_retention": None}
+    api.execute("SELECT pgsched.alter_job(%s, history => 'none', failure_retention => '1 year')", (job_id,))
+    assert one(api, "SELECT history, failure_retention FROM pgsched.jobs WHERE job_id = %s", (job_id,)) == {
+        "history": "none", "failure_retention": timedelta(days=365)}
+    # NULL keeps it; '0' returns it to the database's
+    api.execute("SELECT pgsched.alter_job(%s, max_retries => 2)", (job_id,))
+    assert scalar(api, "SELECT failure_retention FROM pgsched.jobs WHERE job_id = %s", (job_id,)) == days(365)
+    api.execute("SELECT pgsched.alter_job(%s, failure_retention => '0')", (job_id,))
+    assert scalar(api, "SELECT failure_retention FROM pgsched.jobs WHERE job_id = %s", (job_id,)) is None
+
+
+# -- purge_history ---------------------------------------------------------------------------------
+
+def test_purge_keeps_each_run_for_its_outcomes_retention(api: Conn) -> None:
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    for i, outcome in enumerate(("success", "skipped", "missed", "failure", "timeout", "crash", "cancelled")):
+        for age in (6.9, 7.1, 29.9, 30.1):
+            ended_run(api, job_id, outcome, days(age), plan_offset=i)
+    running = int(scalar(api, """INSERT INTO pgsched.job_run (job_id, plan_time, started_at)
+                                 VALUES (%s, %s, %s) RETURNING run_id""", (job_id, NOW - days(90), NOW - days(90))))
+    queued = int(scalar(api, """INSERT INTO pgsched.job_run (job_id, scope, plan_time, outcome)
+                                VALUES (%s, 'eu', %s, 'queued') RETURNING run_id""", (job_id, NOW - days(90))))
+    # 3 kinds of success x 3 ages past 7 days, 4 kinds of failure x 1 age past 30 days
+    assert purge(api) == (9 + 4, 0)
+    kept = left(api, job_id)
+    assert sorted(o for o, age in kept if age > days(7) and o in ("success", "skipped", "missed")) == []
+    assert sorted(o for o, age in kept if age == days(29.9)) == ["cancelled", "crash", "failure", "timeout"]
+    assert all(age < days(30) for _, age in kept)
+    assert len(kept) == 3 + 4 * 3
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE run_id IN (%s, %s)", (running, queued)) == 2
+    # again: nothing more goes
+    assert purge(api) == (0, 0)
+
+
+def test_a_jobs_own_retention_replaces_the_databases_for_its_runs_only(api: Conn) -> None:
+    short = add_job(api, "'ok_fn', '1 hour', success_retention => '1 day'")
+    long = add_job(api, "'ok_fn', '1 hour', failure_retention => '1 year'")
+    default = add_job(api, "'ok_fn', '1 hour'")
+    for job_id in (short, long, default):
+        ended_run(api, job_id, "success", days(2))
+        ended_run(api, job_id, "failure", days(40))
+    api.execute("SELECT pgsched.set_retention(success => '3 days')")
+    assert purge(api) == (3, 0)
+    assert left(api, short) == []
+    assert left(api, long) == [("failure", days(40)), ("success", days(2))]
+    assert left(api, default) == [("success", days(2))]
+
+
+def test_purge_in_batches_deletes_the_oldest_first(api: Conn) -> None:
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    for i in range(5):
+        ended_run(api, job_id, "success", days(8 + i), plan_offset=i)
+    assert [purge(api, max_rows=2)[0] for _ in range(4)] == [2, 2, 1, 0]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="invalid max_rows: 0 is less than 1"):
+        purge(api, max_rows=0)
+
+
+def test_two_sessions_purging_at_once_neither_waits_nor_deletes_a_row_twice(api: Conn, db: str) -> None:
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    for i in range(40):
+        ended_run(api, job_id, "success", days(8), plan_offset=i)
+    with psycopg.connect(db) as first, psycopg.connect(db) as second:
+        second.execute("SET lock_timeout = '2s'")
+        got_first = first.execute("SELECT runs FROM pgsched.purge_history(now => %s, max_rows => 25)",
+                                  (NOW,)).fetchone()
+        # first's transaction is open and holds its 25 rows: second skips them
+        got_second = second.execute("SELECT runs FROM pgsched.purge_history(now => %s)", (NOW,)).fetchone()
+        second.commit()
+        first.commit()
+    assert got_first is not None and got_second is not None
+    assert (got_first[0], got_second[0]) == (25, 15)
+    assert left(api, job_id) == []
+
+
+def test_stopped_instances_are_pruned_after_the_longer_retention_unless_a_run_is_in_progress(api: Conn) -> None:
+    def instance(stopped_ago: timedelta | None, heartbeat_ago: timedelta) -> int:
+        return int(scalar(api, """INSERT INTO pgsched.instance (host, pid, version, max_workers, heartbeat_at,
+                                                                stopped_at)
+                                  VALUES ('h', 1, 'v', 1, %s, %s) RETURNING instance_id""",
+                          (NOW - heartbeat_ago, None if stopped_ago is None else NOW - stopped_ago)))
+    stopped_long_ago = instance(days(31), days(31))
+    stopped_lately = instance(days(29), days(29))
+    silent_long = instance(None, days(31))  # killed: never wrote stopped_at
+    busy = instance(days(31), days(31))
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    api.execute("""INSERT INTO pgsched.job_run (job_id, plan_time, started_at, instance_id)
+                   VALUES (%s, %s, %s, %s)""", (job_id, NOW, NOW, busy))
+    kept_run = ended_run(api, job_id, "failure", days(1))
+    api.execute("UPDATE pgsched.job_run SET instance_id = %s WHERE run_id = %s", (stopped_long_ago, kept_run))
+    assert purge(api) == (0, 2)
+    assert sorted(r["instance_id"] for r in rows(api, "SELECT instance_id FROM pgsched.instance")) == sorted(
+        [stopped_lately, busy])
+    assert silent_long not in [r["instance_id"] for r in rows(api, "SELECT instance_id FROM pgsched.instance")]
+    # the kept run still names the instance it ran on
+    assert scalar(api, "SELECT instance_id FROM pgsched.job_run WHERE run_id = %s", (kept_run,)) == stopped_long_ago
+
+
+# -- history levels ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("level", "kept"), [
+    ("all", ["failure", "success"]), ("failures", ["failure"]), ("none", []),
+])
+def test_a_jobs_history_level_decides_which_ended_runs_keep_a_row(api: Conn, level: str, kept: list[str]) -> None:
+    ok = add_job(api, "'ok_fn', '1 hour', history => %s", (level,))
+    bad = add_job(api, "'bad_fn', '1 hour', history => %s", (level,))
+    api.execute("CALL pgsched.run_job(%s)", (ok,))
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        api.execute("CALL pgsched.run_job(%s)", (bad,))
+    got = sorted(r["outcome"] for r in rows(api, "SELECT outcome FROM pgsched.job_run WHERE job_id IN (%s, %s)",
+                                            (ok, bad)))
+    assert got == kept
+    # the counters are there whatever the level
+    assert (stats(api, ok)["total_successes"], stats(api, bad)["total_failures"]) == (1, 1)
+
+
+def test_with_history_none_a_crash_is_still_counted_and_its_row_goes_at_its_close(api: Conn) -> None:
+    job_id = add_job(api, "'ok_fn', '1 hour', history => 'none'")
+    run_id = scalar(api, "SELECT pgsched._mark_start(%s, now(), 'manual')", (job_id,))
+    # started and not ended: the row is there, and the crash already counted (mark_start)
+    assert scalar(api, "SELECT outcome FROM pgsched.job_run WHERE run_id = %s", (run_id,)) == "running"
+    assert stats(api, job_id)["total_crashes"] == 1
+    # found abandoned and closed as a crash, as a takeover does
+    assert scalar(api, "SELECT pgsched._mark_end(%s, 'crash', NULL, 'worker died', NULL)", (run_id,)) is True
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (job_id,)) == 0
+    s = stats(api, job_id)
+    assert (s["total_runs"], s["total_crashes"], s["consecutive_crashes"], s["state"]) == (1, 1, 1, "scheduled")
+
+
+def test_the_scheduler_keeps_only_the_failures_of_a_failures_job_and_still_queues_scope_runs(
+        db: str, jobs: Conn) -> None:
+    ok = add_job(jobs, "'hit', '1 second', history => 'failures'")
+    bad = add_job(jobs, "'fail', '1 second', history => 'failures', max_retries => 0")
+    scoped = add_job(jobs, "'hit', '1 hour', history => 'none', scope_query => $$SELECT unnest(ARRAY['a', 'b'])$$")
+
+    def done(_: Any) -> bool:
+        return bool(scalar(jobs, "SELECT count(*) FROM hits WHERE job_id = %s", (ok,)) >= 2
+                    and scalar(jobs, "SELECT count(*) FROM hits WHERE job_id = %s", (scoped,)) >= 2
+                    and stats(jobs, bad)["total_failures"] >= 1)
+
+    run_scheduler(db, done, timeout=30)
+    assert done(None)
+    assert scalar(jobs, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome <> 'running'", (ok,)) == 0
+    assert stats(jobs, ok)["total_successes"] >= 2
+    assert scalar(jobs, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = 'failure'", (bad,)) >= 1
+    # the plan run found two scopes and queued them before its row went; each ran once
+    assert sorted(r["scope"] for r in rows(jobs, "SELECT scope FROM pgsched.job_run WHERE job_id = %s "
+                                                 "AND outcome NOT IN ('running', 'queued')", (scoped,))) == []
+    assert scalar(jobs, "SELECT count(*) FROM hits WHERE job_id = %s", (scoped,)) == 2
+
+
+# -- the schedulers' turn -------------------------------------------------------------------------------
+
+def test_one_instance_a_turn_purges_and_the_others_skip_it(api: Conn, db: str) -> None:
+    assert scalar(api, "SELECT pgsched._purge_turn('15 minutes', %s)", (NOW,)) is True
+    assert scalar(api, "SELECT pgsched._purge_turn('15 minutes', %s)", (NOW + timedelta(minutes=14),)) is False
+    assert scalar(api, "SELECT pgsched._purge_turn('15 minutes', %s)", (NOW + timedelta(minutes=15),)) is True
+    api.execute("UPDATE pgsched.history_policy SET purged_at = NULL")
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    for i in range(12):
+        ended_run(api, job_id, "success", days(3000), plan_offset=i)
+    purgers = [Purger(db, every=3600, batch=5) for _ in range(3)]
+    turns: list[bool] = []
+    threads = [threading.Thread(target=lambda p=p: turns.append(p.purge_if_turn())) for p in purgers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in purgers:
+        p.stop()
+    assert sorted(turns) == [False, False, True]
+    assert sum(p.runs_purged for p in purgers) == 12
+    assert left(api, job_id) == []
+    assert scalar(api, "SELECT value FROM pgsched.settings WHERE name = 'last_purge'") is not None
+
+
+def test_a_running_scheduler_applies_the_retention_on_its_own(db: str, jobs: Conn) -> None:
+    job_id = add_job(jobs, "'hit', '1 hour'")
+    old = ended_run(jobs, job_id, "success", days(3000))
+    sched = run_scheduler(db, lambda s: s._purger.turns > 0, timeout=20, purge_interval=0.2)
+    assert sched._purger.turns >= 1
+    assert scalar(jobs, "SELECT count(*) FROM pgsched.job_run WHERE run_id = %s", (old,)) == 0
