@@ -50,6 +50,15 @@ CREATE OR REPLACE FUNCTION pgsched._kept(history text, outcome text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN history = 'all' OR (history = 'failures' AND outcome NOT IN ('success', 'skipped', 'missed'));
 
+-- The policy in force: the stored values, else the defaults (their one definition). One row.
+CREATE OR REPLACE VIEW pgsched._history_policy AS
+SELECT coalesce(p.success_retention, d.success_retention) AS success_retention,
+       coalesce(p.failure_retention, d.failure_retention) AS failure_retention,
+       d.success_retention AS success_default, d.failure_retention AS failure_default, p.purged_at
+  FROM (VALUES (interval '7 days', interval '30 days')) AS d(success_retention, failure_retention)
+  LEFT JOIN pgsched.history_policy p ON true;
+GRANT SELECT ON pgsched._history_policy TO PUBLIC;
+
 -- The database's retention. Shared by every owner's jobs, so only the catalog's administrators
 -- set it. NULL keeps a value as it is. Returns the policy now in force.
 CREATE OR REPLACE FUNCTION pgsched.set_retention(success interval DEFAULT NULL, failure interval DEFAULT NULL)
@@ -66,24 +75,27 @@ BEGIN
                    || 'members set it; a job''s owner may set the job''s own (add_job or alter_job: '
                    || 'success_retention, failure_retention)';
     END IF;
-    RETURN QUERY
-    UPDATE pgsched.history_policy p
+    INSERT INTO pgsched.history_policy AS p (success_retention, failure_retention)
+    VALUES (set_retention.success, set_retention.failure)
+    ON CONFLICT ON CONSTRAINT history_policy_pkey DO UPDATE
        SET success_retention = coalesce(set_retention.success, p.success_retention),
            failure_retention = coalesce(set_retention.failure, p.failure_retention),
-           updated_at = pg_catalog.now()
-    RETURNING p.success_retention, p.failure_retention;
+           updated_at = pg_catalog.now();
+    RETURN QUERY SELECT v.success_retention, v.failure_retention FROM pgsched._history_policy v;
 END
 $$;
 
 -- The database-wide settings a user may read: name, value, default, what it does.
 CREATE OR REPLACE VIEW pgsched.settings AS
 SELECT s.name, s.value, s.default_value, s.description
-  FROM pgsched.history_policy p,
+  FROM pgsched._history_policy p,
        LATERAL (VALUES
-           ('success_retention', pgsched._interval_text(p.success_retention), '7 days',
+           ('success_retention', pgsched._interval_text(p.success_retention),
+            pgsched._interval_text(p.success_default),
             'how long a successful, skipped or missed run keeps its row in job_history after it ends '
             || '(pgsched.set_retention; a job''s success_retention replaces it)'),
-           ('failure_retention', pgsched._interval_text(p.failure_retention), '30 days',
+           ('failure_retention', pgsched._interval_text(p.failure_retention),
+            pgsched._interval_text(p.failure_default),
             'how long a failed, timed-out, crashed or cancelled run keeps its row after it ends '
             || '(pgsched.set_retention; a job''s failure_retention replaces it)'),
            ('last_purge', p.purged_at::text, NULL,
@@ -116,7 +128,7 @@ RETURNS TABLE (runs bigint, instances bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    p pgsched.history_policy;
+    p record;
     shortest interval;
 BEGIN
     IF purge_history.now IS NULL THEN
@@ -135,7 +147,7 @@ BEGIN
             HINT = 'the schedulers apply the retention on their own (pgsched.settings shows when they last did); '
                    || 'only the pgsched catalog''s owner role and its members purge by hand';
     END IF;
-    SELECT * INTO p FROM pgsched.history_policy;
+    SELECT * INTO p FROM pgsched._history_policy;
     -- The shortest retention any row may have: the rows older than that are the candidates, read
     -- by job_run_finished_idx from the oldest.
     SELECT least(p.success_retention, p.failure_retention, min(j.success_retention), min(j.failure_retention))
@@ -175,8 +187,9 @@ CREATE OR REPLACE FUNCTION pgsched._purge_turn(every interval, now timestamptz D
 RETURNS boolean LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH t AS (
-        UPDATE pgsched.history_policy p SET purged_at = _purge_turn.now
-         WHERE p.purged_at IS NULL OR p.purged_at <= _purge_turn.now - every
+        INSERT INTO pgsched.history_policy AS p (purged_at) VALUES (_purge_turn.now)
+        ON CONFLICT ON CONSTRAINT history_policy_pkey DO UPDATE SET purged_at = excluded.purged_at
+         WHERE p.purged_at IS NULL OR p.purged_at <= excluded.purged_at - every
         RETURNING 1)
     SELECT EXISTS (SELECT 1 FROM t)
 $$;

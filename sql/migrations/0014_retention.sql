@@ -6,17 +6,18 @@
 -- times an hour, one instance at a time (purged_at). Runs still running or queued are never
 -- removed.
 
--- One row: the database's policy. Written by pgsched.set_retention (the catalog's administrators
--- only), read by all (pgsched.settings).
+-- At most one row: the database's policy, a NULL retention (or no row) meaning the default
+-- (pgsched._history_policy). Written by pgsched.set_retention (the catalog's administrators only)
+-- and by the schedulers' turns, read by all (pgsched.settings). No row is inserted here: a
+-- restore of a dump (`CREATE EXTENSION` first, then the dumped rows) brings its own.
 CREATE TABLE pgsched.history_policy (
     one                 boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    success_retention   interval    NOT NULL DEFAULT interval '7 days' CHECK (success_retention > interval '0'),
-    failure_retention   interval    NOT NULL DEFAULT interval '30 days' CHECK (failure_retention > interval '0'),
+    success_retention   interval    CHECK (success_retention > interval '0'),
+    failure_retention   interval    CHECK (failure_retention > interval '0'),
     updated_at          timestamptz NOT NULL DEFAULT now(),
     -- When a scheduler last took its turn to purge (pgsched._purge_turn): the others skip theirs.
     purged_at           timestamptz
 );
-INSERT INTO pgsched.history_policy DEFAULT VALUES;
 GRANT SELECT ON pgsched.history_policy TO PUBLIC;
 
 -- A job's own: which of its runs keep a row once they end (all; failures only; none: only the

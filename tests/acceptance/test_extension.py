@@ -161,6 +161,7 @@ def test_dump_and_restore_keeps_jobs_owners_security_and_history(
                 c.execute("CREATE EXTENSION pgsched")
             else:
                 migrate.init(c)
+            c.execute("SELECT pgsched.set_retention(success => '3 days')")
         for role in ("alice", "bob"):
             ticking_job(source, role=role)
         first = serve(source)
@@ -187,6 +188,10 @@ def test_dump_and_restore_keeps_jobs_owners_security_and_history(
         assert query(copy, "SELECT job_id, plan_time, outcome FROM pgsched.job_run ORDER BY run_id") == runs
         with psycopg.connect(copy, autocommit=True) as c:
             assert migrate.check_version(c) == migrate.code_version()
+            # The retention set on the source, and the time of its last purge, came back.
+            assert dict(c.execute("SELECT name, value FROM pgsched.settings WHERE name <> 'last_purge'").fetchall()) \
+                == {"success_retention": "3 days", "failure_retention": "30 days"}
+            assert c.execute("SELECT purged_at FROM pgsched.history_policy").fetchone() is not None
             # Row-level security and the grants came back: alice sees and changes only hers.
             c.execute("SET ROLE alice")
             assert c.execute("SELECT job_name FROM pgsched.jobs").fetchall() == [("alice",)]

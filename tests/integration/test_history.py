@@ -97,7 +97,7 @@ def test_only_administrators_set_the_retention_or_purge(api: Conn, db: str) -> N
         job_id = add_job(api, "'ok_fn', '1 hour', success_retention => '1 day', history => 'failures'")
         assert one(api, "SELECT history, success_retention FROM pgsched.jobs WHERE job_id = %s", (job_id,)) == {
             "history": "failures", "success_retention": days(1)}
-    assert scalar(api, "SELECT success_retention FROM pgsched.history_policy") == days(7)
+    assert scalar(api, "SELECT value FROM pgsched.settings WHERE name = 'success_retention'") == "7 days"
 
 
 def test_alter_job_sets_and_returns_a_jobs_retention_to_the_databases(api: Conn) -> None:
