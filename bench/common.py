@@ -27,7 +27,8 @@ PGSCHED = str(Path(sys.executable).parent / "pgsched")
 
 
 @contextmanager
-def cluster() -> Iterator[tuple[Cluster, str]]:
+def cluster(*, install: bool = True) -> Iterator[tuple[Cluster, str]]:
+    """A throwaway cluster with bench_start, noop and mark, and (install) this checkout's schema."""
     tmp = tempfile.mkdtemp(prefix="pgsched-bench-")
     os.chmod(tmp, 0o755)
     c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100"})
@@ -37,7 +38,8 @@ def cluster() -> Iterator[tuple[Cluster, str]]:
     try:
         dsn = c.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            migrate.init(conn)
+            if install:
+                migrate.init(conn)
             conn.execute("CREATE TABLE bench_start (job_id int, at timestamptz DEFAULT clock_timestamp())")
             conn.execute("CREATE FUNCTION public.noop(job_id int, config jsonb) RETURNS void "
                          "LANGUAGE sql AS 'SELECT NULL'")

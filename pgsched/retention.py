@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -89,17 +90,23 @@ class Purger:
         row = conn.execute("SELECT pgsched._purge_turn(make_interval(secs => %s))", (self.every,)).fetchone()
         if not (row and row[0]):
             return False
-        runs = instances = 0
+        runs = instances = batches = 0
+        longest = 0.0  # a batch's row locks are held until its commit: the longest is what it held them
         while not self._stop.is_set():
+            began = time.monotonic()
             got = conn.execute("SELECT runs, instances FROM pgsched.purge_history(max_rows => %s)",
                                (self.batch,)).fetchone()
+            longest = max(longest, time.monotonic() - began)
             assert got is not None
             runs += got[0]
             instances += got[1]
+            batches += 1
             if got[0] < self.batch:
                 break
         self.turns += 1
         self.runs_purged += runs
-        log.info("history purged: %d run(s) and %d stopped instance(s) past their retention", runs, instances,
-                 extra={"runs": runs, "instances": instances})
+        log.info("history purged: %d run(s) and %d stopped instance(s) past their retention, in %d batch(es), "
+                 "the longest %.1f ms", runs, instances, batches, 1000 * longest,
+                 extra={"runs": runs, "instances": instances, "batches": batches,
+                        "longest_batch_ms": round(1000 * longest, 1)})
         return True

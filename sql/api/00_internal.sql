@@ -621,3 +621,18 @@ $$;
 
 CREATE OR REPLACE TRIGGER job_derive_interval BEFORE INSERT OR UPDATE OF schedule, schedule_interval
     ON pgsched.job FOR EACH ROW EXECUTE FUNCTION pgsched._derive_schedule_interval();
+
+-- History levels and retention (45_history.sql, README "History and retention"): here, before
+-- the files whose SQL functions use them.
+-- How long a run with this outcome keeps its row: the job's retention, else the database's.
+-- Inlined (plain SQL, no SET clause): the purge evaluates it for each row it looks at.
+CREATE OR REPLACE FUNCTION pgsched._retention(outcome text, job_success interval, job_failure interval,
+                                              db_success interval, db_failure interval)
+RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN outcome IN ('success', 'skipped', 'missed') THEN coalesce(job_success, db_success)
+            ELSE coalesce(job_failure, db_failure) END;
+
+-- Whether a run that ended with this outcome keeps its row under the job's history level.
+CREATE OR REPLACE FUNCTION pgsched._kept(history text, outcome text)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN history = 'all' OR (history = 'failures' AND outcome NOT IN ('success', 'skipped', 'missed'));

@@ -424,15 +424,17 @@ CREATE OR REPLACE FUNCTION pgsched._record_skipped(run_id bigint, skipped intege
                                                    last_slot timestamptz, now timestamptz DEFAULT clock_timestamp())
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    WITH r AS (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = _record_skipped.run_id),
+    WITH r AS (SELECT jr.job_id, j.history FROM pgsched.job_run jr JOIN pgsched.job j ON j.job_id = jr.job_id
+                WHERE jr.run_id = _record_skipped.run_id),
     ins AS (
+        -- The record is a history row: a job whose level keeps none of skips has only the count.
         INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT r.job_id, first_slot, 'schedule', 'skipped',
                format('%s slot(s) from %s to %s skipped: run %s was still in progress', skipped, first_slot,
                       last_slot, _record_skipped.run_id), _record_skipped.now,
                -- The range in a form a program can check every slot against.
                jsonb_build_object('first', first_slot, 'last', last_slot, 'count', skipped)
-          FROM r
+          FROM r WHERE pgsched._kept(r.history, 'skipped')
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING)
     UPDATE pgsched.job_stat s SET total_skipped = s.total_skipped + skipped
       FROM r WHERE s.job_id = r.job_id
@@ -674,7 +676,8 @@ SET search_path = pg_catalog, pg_temp AS $$
                format('%s plan(s) from %s to %s missed (%s)', u.missed, u.first_missed, u.last_missed, u.policy),
                _catch_up.now,
                jsonb_build_object('first', u.first_missed, 'last', u.last_missed, 'count', u.missed)
-          FROM u WHERE u.missed > 0
+          FROM u JOIN pgsched.job j ON j.job_id = u.job_id
+         WHERE u.missed > 0 AND pgsched._kept(j.history, 'missed')
         ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING)
     SELECT count(*)::integer FROM u
 $$;

@@ -37,19 +37,6 @@ BEGIN
 END
 $$;
 
--- How long a run with this outcome keeps its row: the job's retention, else the database's.
--- Inlined (plain SQL, no SET clause): the purge evaluates it for each row it looks at.
-CREATE OR REPLACE FUNCTION pgsched._retention(outcome text, job_success interval, job_failure interval,
-                                              db_success interval, db_failure interval)
-RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN outcome IN ('success', 'skipped', 'missed') THEN coalesce(job_success, db_success)
-            ELSE coalesce(job_failure, db_failure) END;
-
--- Whether a run that ended with this outcome keeps its row under the job's history level.
-CREATE OR REPLACE FUNCTION pgsched._kept(history text, outcome text)
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN history = 'all' OR (history = 'failures' AND outcome NOT IN ('success', 'skipped', 'missed'));
-
 -- The policy in force: the stored values, else the defaults (their one definition). One row.
 CREATE OR REPLACE VIEW pgsched._history_policy AS
 SELECT coalesce(p.success_retention, d.success_retention) AS success_retention,

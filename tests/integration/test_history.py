@@ -7,6 +7,7 @@ finished_at, never a sleep.
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from pgsched.retention import Purger
+from tests.integration import test_core_sql_time as core
 from tests.integration.helpers import Conn, add_job, as_new_role, one, rows, scalar, snapshot, stats
 from tests.integration.test_scheduler import run_scheduler
 
@@ -284,3 +286,27 @@ def test_a_running_scheduler_applies_the_retention_on_its_own(db: str, jobs: Con
     sched = run_scheduler(db, lambda s: s._purger.turns > 0, timeout=20, purge_interval=0.2)
     assert sched._purger.turns >= 1
     assert scalar(jobs, "SELECT count(*) FROM pgsched.job_run WHERE run_id = %s", (old,)) == 0
+
+
+@pytest.mark.parametrize(("level", "kept"), [("all", ["missed", "skipped", "success"]), ("failures", []),
+                                             ("none", [])])
+def test_skip_and_miss_records_follow_the_history_level_and_the_counters_do_not(api: Conn, level: str,
+                                                                                kept: list[str]) -> None:
+    job_id = core.add_job(api, core.T, history=level)
+    me = core.register(api, core.T)
+    [run] = core.claim(api, me, core.T)
+    end = {"run_id": run["run_id"], "outcome": "success", "finished_at": (core.T + 5 * core.S).isoformat(),
+           "next_start": (core.T + 6 * core.S).isoformat(), "lease_token": run["lease_token"], "skipped": 4,
+           "skipped_first": (core.T + core.S).isoformat(), "skipped_last": (core.T + 4 * core.S).isoformat(),
+           "schedule_delay_s": 0}
+    api.execute("SELECT * FROM pgsched._finish_runs(%s)", (json.dumps([end]),))
+    decision = {"job_id": job_id, "old_next": (core.T + 6 * core.S).isoformat(),
+                "new_next": (core.T + 20 * core.S).isoformat(), "missed": 3,
+                "first": (core.T + 6 * core.S).isoformat(), "last": (core.T + 8 * core.S).isoformat(),
+                "policy": "latest"}
+    assert scalar(api, "SELECT pgsched._catch_up(%s, now => %s)",
+                  (json.dumps([decision]), core.T + 21 * core.S)) == 1
+    assert sorted(r["outcome"] for r in rows(api, "SELECT outcome FROM pgsched.job_run WHERE job_id = %s",
+                                             (job_id,))) == kept
+    assert one(api, "SELECT total_successes, total_skipped, total_missed FROM pgsched.job_stat WHERE job_id = %s",
+               (job_id,)) == {"total_successes": 1, "total_skipped": 4, "total_missed": 3}

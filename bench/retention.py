@@ -1,0 +1,99 @@
+"""History at full throughput with and without retention (issue 12, README "History and retention").
+
+    ./dev bench retention [--seconds 600] [--retention 60] [--purge-interval 10] [--rounds 1]
+
+Each round runs the throughput load of `./dev bench scheduler throughput` (400 trivial function jobs
+always due, `serve --max-workers 8`, a fresh cluster) twice, in turn: without retention (the
+schedulers' purge off, `purge_interval = 0`) and with it (`set_retention` of --retention seconds
+for every outcome, the purge every --purge-interval seconds). For each it prints:
+
+* runs/s, counted from job_stat (the counters retention does not remove), and CPU per run of the
+  scheduler, its workers and every PostgreSQL process;
+* the peak of pgsched.job_run's rows and of its size with its indexes (sampled every 2 s);
+* with retention: the purges (from the scheduler's log) and their longest batch, which holds the
+  row locks of the runs it deletes until its commit.
+
+One JSON object per run, then one line comparing the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from common import cluster, serve, tree_cpu_seconds, wait_for_log
+from scheduler import add_jobs
+
+
+def successes(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT coalesce(sum(total_successes), 0) FROM pgsched.job_stat").fetchone()
+    return int(row[0]) if row else 0
+
+
+def one_run(seconds: float, retention_s: float | None, purge_interval: float) -> dict[str, Any]:
+    config = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".toml")[1])
+    config.write_text(f"purge_interval = {purge_interval if retention_s is not None else 0}\n")
+    with cluster() as (c, dsn):
+        add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
+        if retention_s is not None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT pgsched.set_retention(success => make_interval(secs => %s), "
+                             "failure => make_interval(secs => %s))", (retention_s, retention_s))
+        with serve(dsn, "--max-workers", "8", "--config", str(config)) as (proc, log), \
+                psycopg.connect(dsn, autocommit=True) as conn:
+            wait_for_log(log, "ready:", 30)
+            time.sleep(2)
+            pm = c.postmaster_pid()
+            assert pm is not None
+            n0, t0, a0 = successes(conn), time.monotonic(), tree_cpu_seconds(proc.pid, pm)
+            peak_rows = peak_bytes = 0
+            while time.monotonic() - t0 < seconds:
+                time.sleep(2)
+                r = conn.execute("SELECT count(*), pg_total_relation_size('pgsched.job_run') "
+                                 "FROM pgsched.job_run").fetchone()
+                assert r is not None
+                peak_rows, peak_bytes = max(peak_rows, int(r[0])), max(peak_bytes, int(r[1]))
+            n1, t1, a1 = successes(conn), time.monotonic(), tree_cpu_seconds(proc.pid, pm)
+            end_rows = conn.execute("SELECT count(*) FROM pgsched.job_run").fetchone()
+        purges = [json.loads(line) for line in log.read_text().splitlines()
+                  if line.startswith("{") and "history purged" in line]
+    config.unlink()
+    longest = [p["longest_batch_ms"] for p in purges if p.get("runs")]
+    return {
+        "retention_s": retention_s, "seconds": round(t1 - t0, 1), "runs_per_s": round((n1 - n0) / (t1 - t0), 1),
+        "cpu_us_per_run": round(1e6 * (a1 - a0) / max(n1 - n0, 1), 1),
+        "peak_job_run_rows": peak_rows, "peak_job_run_mb": round(peak_bytes / 2**20, 1),
+        "job_run_rows_at_end": int(end_rows[0]) if end_rows else None,
+        "purges": len(purges), "runs_purged": sum(int(p.get("runs", 0)) for p in purges),
+        "purge_batches": sum(int(p.get("batches", 0)) for p in purges),
+        "longest_batch_ms": max(longest) if longest else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=600.0, help="length of each run (default 600: 10 minutes)")
+    ap.add_argument("--retention", type=float, default=60.0, help="retention of every outcome, s (default 60)")
+    ap.add_argument("--purge-interval", type=float, default=10.0, help="serve's purge_interval, s (default 10)")
+    ap.add_argument("--rounds", type=int, default=1, help="pairs of runs, without then with (default 1)")
+    args = ap.parse_args()
+    results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for _ in range(args.rounds):
+        for with_retention in (False, True):
+            r = one_run(args.seconds, args.retention if with_retention else None, args.purge_interval)
+            results[with_retention].append(r)
+            print(json.dumps(r), flush=True)
+    mean = {k: sum(r["runs_per_s"] for r in v) / len(v) for k, v in results.items()}
+    print(json.dumps({"runs_per_s_without": round(mean[False], 1), "runs_per_s_with": round(mean[True], 1),
+                      "change_pct": round(100 * (mean[True] / mean[False] - 1), 1),
+                      "peak_job_run_rows_without": max(r["peak_job_run_rows"] for r in results[False]),
+                      "peak_job_run_rows_with": max(r["peak_job_run_rows"] for r in results[True])}))
+
+
+if __name__ == "__main__":
+    main()
