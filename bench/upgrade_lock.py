@@ -7,7 +7,7 @@ run from a `git archive` of it), and its pgsched.job_run filled with --rows ende
 their ends spread evenly over the last 60 days. Then this checkout's `init` upgrades it while a
 probe session reads pgsched.job_run by key every 5 ms (as a scheduler's claim and close do): the
 longest probe is how long the upgrade held the table away from running schedulers. Then the
-schedulers' purge, batch after batch of 5,000 runs, until nothing is past the default retention
+schedulers' purge, batch after batch (pgsched.retention.BATCH runs), until nothing is past the retention
 (7 days for these successes): its time, its longest batch, and the rows inside the retention
 before and after (none may be lost).
 """
@@ -28,6 +28,7 @@ import psycopg
 from common import cluster
 
 from pgsched import migrate
+from pgsched.retention import BATCH
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE_RETENTION = "4fcef58"
@@ -55,7 +56,7 @@ def main() -> None:
             conn.execute("SELECT pgsched.add_job('noop', '1 hour', scheduled => false) FROM generate_series(1, 100)")
             t = time.monotonic()
             conn.execute("""INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, outcome)
-                            SELECT 1000 + i % 100, e - interval '1 second', e - interval '1 second', e, 'success'
+                            SELECT 1000 + i %% 100, e - interval '1 second', e - interval '1 second', e, 'success'
                               FROM generate_series(1, %s) AS i,
                                    LATERAL (SELECT now() - interval '60 days' * (1 - i::float8 / %s) AS e) x""",
                          (args.rows, args.rows))
@@ -93,11 +94,11 @@ def main() -> None:
             t = time.monotonic()
             while True:
                 b = time.monotonic()
-                row = conn.execute("SELECT runs FROM pgsched.purge_history(max_rows => 5000)").fetchone()
+                row = conn.execute("SELECT runs FROM pgsched.purge_history(max_rows => %s)", (BATCH,)).fetchone()
                 worst = max(worst, time.monotonic() - b)
                 assert row is not None
                 batches, purged = batches + 1, purged + int(row[0])
-                if row[0] < 5000:
+                if row[0] < BATCH:
                     break
             purge_s = time.monotonic() - t
             after = conn.execute("SELECT count(*) FROM pgsched.job_run WHERE finished_at >= now() - interval "

@@ -22,9 +22,9 @@ from pgsched.errors import first_line
 
 log = logging.getLogger("pgsched.retention")
 
-# Runs deleted by one transaction: small enough that each batch holds its row locks for tens of
-# milliseconds, large enough that a day's history at full speed goes in minutes.
-BATCH = 5000
+# Runs deleted by one transaction: small enough that a batch holds its row locks under 50 ms (5,000
+# took 87 ms, bench/upgrade_lock.py), large enough that a day's history at full speed goes in minutes.
+BATCH = 2000
 IDLE_LOOK = 5.0
 
 
