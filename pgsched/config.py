@@ -52,6 +52,8 @@ FILE_SETTINGS: dict[str, type] = {
     "metrics_max_jobs": int,
     "purge_interval": float,
 }
+# Of those, the ones where 0 means "off" (the others must be positive).
+ZERO_MEANS_OFF = frozenset({"purge_interval"})
 
 
 # `serve` options a --config file may hold besides the settings (read once, at start: a
@@ -85,8 +87,11 @@ def read_settings_file(path: str) -> dict[str, object]:
         if kind is None:
             raise ConfigError(f"{path}: unknown setting {key!r}; known: "
                               f"{', '.join(sorted([*FILE_SETTINGS, *SERVE_OPTIONS]))}")
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{path}: {key} must be a positive number, not {value!r}")
+        least_ok = 0 if key in ZERO_MEANS_OFF else None
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 \
+                or (value == 0 and least_ok is None):
+            raise ConfigError(f"{path}: {key} must be a positive number"
+                              f"{' or 0 (off)' if least_ok is not None else ''}, not {value!r}")
         out[key] = kind(value)
     return out
 

@@ -40,3 +40,13 @@ def test_bad_serve_options_are_refused_without_echoing_a_password(tmp_path: Path
 def test_an_unknown_key_names_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown setting 'max_wrokers'.*log_format.*max_workers"):
         read_settings_file(write(tmp_path, "max_wrokers = 3\n"))
+
+
+def test_purge_interval_may_be_zero_to_turn_the_purge_off_and_nothing_else_may(tmp_path: Path) -> None:
+    assert read_settings_file(write(tmp_path, "purge_interval = 0\n")) == {"purge_interval": 0.0}
+    assert read_settings_file(write(tmp_path, "purge_interval = 60\n")) == {"purge_interval": 60.0}
+    with pytest.raises(ConfigError, match=r"purge_interval must be a positive number or 0 \(off\), not -1"):
+        read_settings_file(write(tmp_path, "purge_interval = -1\n"))
+    with pytest.raises(ConfigError, match="max_workers must be a positive number, not 0"):
+        read_settings_file(write(tmp_path, "max_workers = 0\n"))
+
