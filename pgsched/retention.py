@@ -48,30 +48,37 @@ class Purger:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the thread to stop after its batch, and wait a moment for it. The connection is the
+        thread's own: it closes it on its way out (a daemon thread, should a batch outlive us)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
             self._thread = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        else:
+            self._close()  # purge_if_turn called directly (tests): no thread holds the connection
 
     def _loop(self) -> None:
         # The first look at once: a database whose last purge is older than the interval (or that
         # never had one) gets it from the first instance that starts.
         # purge_interval 0 (the retention applied by hand, pgsched.purge_history): the thread only
         # looks every IDLE_LOOK seconds whether a reload (SIGHUP) turned it on.
-        while not self._stop.is_set():
-            every = self.every
-            if every > 0:
-                try:
-                    self.purge_if_turn()
-                except psycopg.Error as e:
-                    log.warning("history purge failed (retried in %ss): %s", every, first_line(e))
-                    if self._conn is not None:
-                        self._conn.close()
-                        self._conn = None
-            self._stop.wait(every if every > 0 else IDLE_LOOK)
+        try:
+            while not self._stop.is_set():
+                every = self.every
+                if every > 0:
+                    try:
+                        self.purge_if_turn()
+                    except Exception as e:  # whatever it was, the purge must not end the thread
+                        log.warning("history purge failed (retried in %ss): %s", every, first_line(e))
+                        self._close()
+                self._stop.wait(every if every > 0 else IDLE_LOOK)
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:

@@ -746,10 +746,11 @@ BEGIN
                 END LOOP;
             EXCEPTION WHEN OTHERS THEN
                 problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
+                -- The row says why the job was disabled: kept, whatever the job's history level.
                 FOR c IN SELECT * FROM pgsched._end_runs(jsonb_build_array(e || jsonb_build_object(
                              'disable_reason', problem, 'next_start', NULL, 'rows_affected', NULL, 'result', NULL,
                              'message', left(coalesce(e->>'message' || ' ', '') || '[' || problem || ']', 4000))),
-                             counters => false) LOOP
+                             counters => false, forget => false) LOOP
                     -- A scope run's close leaves its job alone; the job is paused all the same (a plan
                     -- run's close has paused it already).
                     UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = c.job_id AND j.scheduled;

@@ -95,6 +95,12 @@ GRANT SELECT ON pgsched.settings TO PUBLIC;
 -- the closed rows): the run's row has served its purpose by then. Its start was committed, so a
 -- crash was counted; the close counted the outcome in job_stat; and the close moved the job's
 -- next_start past the plan in the same transaction, so the plan cannot be claimed again.
+-- Two kinds of row stay whatever the level, and go by the retention: they are what keeps a run
+-- from happening twice. A run trigger_job started on a scheduler (every scheduler that heard the
+-- request retries it while the job is busy, and its row's key is what tells them it ran:
+-- _start_manual_v2; a run_job in somebody's session has no instance, and nobody retries it), and
+-- an '@restart' job's plan run (its key is what passes over the server start it ran for:
+-- _arm_restart_jobs, the claim's ON CONFLICT).
 CREATE OR REPLACE FUNCTION pgsched._forget_runs(run_ids bigint[])
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
@@ -102,6 +108,7 @@ SET search_path = pg_catalog, pg_temp AS $$
      USING pgsched.job j
      WHERE r.run_id = ANY (run_ids) AND j.job_id = r.job_id AND j.history <> 'all'
        AND r.outcome NOT IN ('running', 'queued') AND NOT pgsched._kept(j.history, r.outcome)
+       AND NOT (r.trigger = 'manual' AND r.instance_id IS NOT NULL) AND NOT (j.schedule = '@restart' AND r.scope = '')
 $$;
 
 -- Apply the retention now: delete the rows of runs that ended longer ago than their retention,
@@ -148,6 +155,12 @@ BEGIN
                                                                       j.failure_retention, p.success_retention,
                                                                       p.failure_retention)
            AND r.outcome NOT IN ('running', 'queued')
+           -- the rows that keep a run from happening twice (see _forget_runs), while they do: a
+           -- triggered run's for as long as schedulers retry the request (pgsched/requests.py,
+           -- TRIGGER_TTL), an '@restart' run's for as long as the server start it ran for lasts
+           AND NOT (r.trigger = 'manual' AND r.finished_at > purge_history.now - interval '10 minutes')
+           AND NOT (r.scope = '' AND r.plan_time = pg_catalog.pg_postmaster_start_time()
+                    AND j.schedule = '@restart')
          ORDER BY r.finished_at
          LIMIT max_rows
            FOR UPDATE OF r SKIP LOCKED

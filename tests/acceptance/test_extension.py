@@ -191,7 +191,8 @@ def test_dump_and_restore_keeps_jobs_owners_security_and_history(
             # The retention set on the source, and the time of its last purge, came back.
             assert dict(c.execute("SELECT name, value FROM pgsched.settings WHERE name <> 'last_purge'").fetchall()) \
                 == {"success_retention": "3 days", "failure_retention": "30 days"}
-            assert c.execute("SELECT purged_at FROM pgsched.history_policy").fetchone() is not None
+            purged = c.execute("SELECT purged_at FROM pgsched.history_policy").fetchone()
+            assert purged is not None and purged[0] is not None
             # Row-level security and the grants came back: alice sees and changes only hers.
             c.execute("SET ROLE alice")
             assert c.execute("SELECT job_name FROM pgsched.jobs").fetchall() == [("alice",)]

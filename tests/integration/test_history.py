@@ -310,3 +310,39 @@ def test_skip_and_miss_records_follow_the_history_level_and_the_counters_do_not(
                                              (job_id,))) == kept
     assert one(api, "SELECT total_successes, total_skipped, total_missed FROM pgsched.job_stat WHERE job_id = %s",
                (job_id,)) == {"total_successes": 1, "total_skipped": 4, "total_missed": 3}
+
+
+def test_an_at_restart_run_keeps_its_row_whatever_the_level_so_it_runs_once_per_server_start(api: Conn) -> None:
+    job_id = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '@restart', history => 'none')"))
+    start = scalar(api, "SELECT pg_postmaster_start_time()")
+    api.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (start, job_id))
+    me = core.register(api, core.T)
+    [run] = core.claim(api, me, core.T)
+    end = {"run_id": run["run_id"], "outcome": "success", "finished_at": core.T.isoformat(), "next_start": None,
+           "lease_token": run["lease_token"], "schedule_delay_s": 0}
+    api.execute("SELECT * FROM pgsched._finish_runs(%s)", (json.dumps([end]),))
+    # the close left next_start at the server start (the schedule has no next firing): the claim
+    # passes over the plan that ran, by its row, and clears it
+    assert core.claim(api, me, core.T + core.S) == []
+    assert stats(api, job_id)["next_start"] is None
+    assert [r["plan_time"] for r in rows(api, "SELECT plan_time FROM pgsched.job_run WHERE job_id = %s",
+                                         (job_id,))] == [start]
+    # nor does the purge take it while this server start lasts, however old it is
+    assert purge(api, now=core.T + days(3000))[0] == 0
+    assert scalar(api, "SELECT pgsched._arm_restart_jobs()") == 0
+
+
+def test_a_triggered_runs_row_stays_whatever_the_level_and_at_least_as_long_as_schedulers_retry_it(
+        api: Conn) -> None:
+    job_id = add_job(api, "'ok_fn', '1 hour', history => 'none'")
+    api.execute("SELECT pgsched.set_retention(success => '1 minute', failure => '1 minute')")
+    me = core.register(api, core.T)
+    plan = scalar(api, "SELECT pgsched.trigger_job(%s)", (job_id,))
+    [run] = rows(api, "SELECT * FROM pgsched._start_manual_v2(%s, %s, %s, %s, %s)", (me, job_id, plan, 100, 0))
+    end = {"run_id": run["run_id"], "outcome": "success", "next_start": None, "lease_token": run["lease_token"]}
+    api.execute("SELECT * FROM pgsched._finish_runs(%s)", (json.dumps([end]),))
+    # another scheduler that heard the request retries it: the row says it ran, and it does not run again
+    assert rows(api, "SELECT * FROM pgsched._start_manual_v2(%s, %s, %s, %s, %s)", (me, job_id, plan, 101, 0)) == []
+    finished = scalar(api, "SELECT finished_at FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],))
+    assert purge(api, now=finished + timedelta(minutes=9)) == (0, 0)
+    assert purge(api, now=finished + timedelta(minutes=11)) == (1, 0)
