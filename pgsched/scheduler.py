@@ -283,6 +283,16 @@ class Scheduler(Requests):
             self._purger.start()
         else:
             log.info("reconnected to the database")
+            assert self.instance_id is not None
+            if not self.store.instance_exists(self.instance_id):
+                # Cut off for longer than the history's retention: our runs were taken over and our
+                # row pruned (pgsched.purge_history). The runs still in hand lose their leases at the
+                # next heartbeat, as after any takeover.
+                old = self.instance_id
+                self.instance_id = self.store.register_instance(socket.gethostname(), os.getpid(), __version__,
+                                                                self.settings.max_workers)
+                log.warning("scheduler instance %s was removed while this process was cut off from the "
+                            "database: registered again as instance %s", old, self.instance_id)
         # A server restart ends every session, so each scheduler comes here after one.
         armed = self.store.arm_restart_jobs()
         if armed:

@@ -255,6 +255,10 @@ class Store:
         self._anchor(row["db_now"])
         return int(row["instance_id"])
 
+    def instance_exists(self, instance_id: int) -> bool:
+        row = self._execute("SELECT pgsched._instance_exists(%s) AS e", (instance_id,)).fetchone()
+        return bool(row and row["e"])
+
     def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta, grace: timedelta,
                   held: Sequence[tuple[int, int]]) -> Heartbeat:
         """Renew this instance's heartbeat and its runs' leases; one statement (pgsched._heartbeat).

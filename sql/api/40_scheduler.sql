@@ -473,6 +473,14 @@ SET search_path = pg_catalog, pg_temp AS $$
     RETURNING _instance_heartbeat.now
 $$;
 
+-- Whether an instance's row is still there: a scheduler cut off for longer than the history's
+-- retention may find it pruned (pgsched.purge_history) when it reconnects, and registers again.
+CREATE OR REPLACE FUNCTION pgsched._instance_exists(instance_id bigint)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM pgsched.instance i WHERE i.instance_id = _instance_exists.instance_id)
+$$;
+
 -- The peers are woken: the stopping instance's last closes moved next starts without a NOTIFY.
 CREATE OR REPLACE FUNCTION pgsched._instance_stop(instance_id bigint, now timestamptz DEFAULT now())
 RETURNS void LANGUAGE sql

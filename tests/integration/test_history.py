@@ -346,3 +346,29 @@ def test_a_triggered_runs_row_stays_whatever_the_level_and_at_least_as_long_as_s
     finished = scalar(api, "SELECT finished_at FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],))
     assert purge(api, now=finished + timedelta(minutes=9)) == (0, 0)
     assert purge(api, now=finished + timedelta(minutes=11)) == (1, 0)
+
+
+def test_a_scheduler_whose_instance_row_was_pruned_while_it_was_cut_off_registers_again(db: str, jobs: Conn) -> None:
+    job_id = add_job(jobs, "'hit', '1 second'")
+
+    def hits() -> int:
+        return int(scalar(jobs, "SELECT count(*) FROM hits WHERE job_id = %s", (job_id,)))
+
+    seen: dict[str, int] = {}
+
+    def until(s: Any) -> bool:
+        if "first" not in seen:
+            if s.instance_id is None or hits() < 1:
+                return False
+            # what a peer's purge does to an instance cut off for longer than the retention, and the cut
+            seen["first"], seen["hits"] = s.instance_id, hits()
+            jobs.execute("DELETE FROM pgsched.instance WHERE instance_id = %s", (s.instance_id,))
+            jobs.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE application_name = 'pgsched scheduler' AND datname = current_database()")
+            return False
+        return bool(s.instance_id != seen["first"] and hits() >= seen["hits"] + 2)
+
+    sched = run_scheduler(db, until, timeout=30)
+    assert "first" in seen and sched.instance_id != seen["first"]
+    assert hits() >= seen["hits"] + 2
+    assert scalar(jobs, "SELECT count(*) FROM pgsched.instance WHERE instance_id = %s", (sched.instance_id,)) == 1
