@@ -421,10 +421,6 @@ def trigger(job: str, dsn: str | None, wait: float) -> None:
         _fail(f"job {j.job_id} ({j.job_name}): no scheduler started the run within {wait:g}s: is `pgsched serve` "
               "running (with the job's --app, for a Python job)? A scheduler that heard the request starts it "
               "once the job's run in progress ends")
-    if run is not None and run["run_id"] is None:
-        click.echo(f"job {j.job_id} ({j.job_name}): run started (history '{run['history']}': its row in "
-                   "job_history is not kept once it ends)")
-        return
     click.echo(f"job {j.job_id} ({j.job_name}): " +
                (f"run {run['run_id']} started" if run else f"run requested (plan_time {plan.isoformat()})"))
 

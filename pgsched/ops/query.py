@@ -189,19 +189,11 @@ def trigger(conn: Conn, job_id: int) -> datetime:
 
 
 def manual_run(conn: Conn, job_id: int, plan_time: datetime) -> Row | None:
-    """The run a trigger started, once a scheduler started it. A job whose history level drops the
-    run's row at its end (README "History and retention") may have run already without one: then
-    a row whose run_id is NULL, found from the job's last start."""
+    """The run a trigger started, once a scheduler started it."""
     return conn.execute(
-        "SELECT run_id, outcome, started_at, finished_at, sqlstate, split_part(message, E'\\n', 1) AS message, "
-        "       NULL AS history "
-        "  FROM pgsched.job_history WHERE job_id = %s AND trigger = 'manual' AND plan_time = %s AND scope = '' "
-        "UNION ALL "
-        "SELECT NULL, NULL, s.last_start, NULL, NULL, NULL, j.history "
-        "  FROM pgsched.jobs j JOIN pgsched.job_stats s ON s.job_id = j.job_id "
-        " WHERE j.job_id = %s AND j.history <> 'all' AND s.last_start >= %s "
-        "ORDER BY run_id NULLS LAST LIMIT 1",
-        (job_id, plan_time, job_id, plan_time)).fetchone()
+        "SELECT run_id, outcome, started_at, finished_at, sqlstate, split_part(message, E'\\n', 1) AS message "
+        "  FROM pgsched.job_history WHERE job_id = %s AND trigger = 'manual' AND plan_time = %s AND scope = ''",
+        (job_id, plan_time)).fetchone()
 
 
 def cancel(conn: Conn, job_id: int) -> list[int]:
