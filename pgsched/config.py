@@ -87,11 +87,10 @@ def read_settings_file(path: str) -> dict[str, object]:
         if kind is None:
             raise ConfigError(f"{path}: unknown setting {key!r}; known: "
                               f"{', '.join(sorted([*FILE_SETTINGS, *SERVE_OPTIONS]))}")
-        least_ok = 0 if key in ZERO_MEANS_OFF else None
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 \
-                or (value == 0 and least_ok is None):
-            raise ConfigError(f"{path}: {key} must be a positive number"
-                              f"{' or 0 (off)' if least_ok is not None else ''}, not {value!r}")
+        zero_ok = key in ZERO_MEANS_OFF
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (value == 0 and not zero_ok):
+            raise ConfigError(f"{path}: {key} must be a positive number{' or 0 (off)' if zero_ok else ''}, "
+                              f"not {value!r}")
         out[key] = kind(value)
     return out
 

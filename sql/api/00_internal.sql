@@ -624,15 +624,21 @@ CREATE OR REPLACE TRIGGER job_derive_interval BEFORE INSERT OR UPDATE OF schedul
 
 -- History levels and retention (45_history.sql, README "History and retention"): here, before
 -- the files whose SQL functions use them.
+-- The outcomes that went as planned or were passed over on purpose (success_retention, and
+-- dropped under history 'failures'); the others went wrong or were stopped.
+CREATE OR REPLACE FUNCTION pgsched._routine_outcome(outcome text)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN outcome IN ('success', 'skipped', 'missed');
+
 -- How long a run with this outcome keeps its row: the job's retention, else the database's.
 -- Inlined (plain SQL, no SET clause): the purge evaluates it for each row it looks at.
 CREATE OR REPLACE FUNCTION pgsched._retention(outcome text, job_success interval, job_failure interval,
                                               db_success interval, db_failure interval)
 RETURNS interval LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN outcome IN ('success', 'skipped', 'missed') THEN coalesce(job_success, db_success)
+RETURN CASE WHEN pgsched._routine_outcome(outcome) THEN coalesce(job_success, db_success)
             ELSE coalesce(job_failure, db_failure) END;
 
 -- Whether a run that ended with this outcome keeps its row under the job's history level.
 CREATE OR REPLACE FUNCTION pgsched._kept(history text, outcome text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN history = 'all' OR (history = 'failures' AND outcome NOT IN ('success', 'skipped', 'missed'));
+RETURN history = 'all' OR (history = 'failures' AND NOT pgsched._routine_outcome(outcome));
