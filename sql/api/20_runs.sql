@@ -92,7 +92,10 @@ $$;
 -- every run; per-run statements were a quarter of the scheduler's database time).
 -- forget => false: the caller still reads the closed rows, and calls _forget_runs itself after.
 CREATE OR REPLACE FUNCTION pgsched._end_runs(ends jsonb, counters boolean DEFAULT true, forget boolean DEFAULT true)
-RETURNS TABLE (run_id bigint, job_id integer, scope text, outcome text, old_state text, new_state text)
+-- drop_row: the run's row goes at the end of its close (its job's history level keeps none of it;
+-- _forget_runs keeps the rows that guard against a second run all the same).
+RETURNS TABLE (run_id bigint, job_id integer, scope text, outcome text, old_state text, new_state text,
+               drop_row boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 -- Everything here is read by key, a few rows of large tables. A statement's plan is kept for the
@@ -109,7 +112,7 @@ DECLARE
     ok_plans timestamptz[] := '{}';
     ok_at timestamptz;  -- when the last of them ended: the clock of what is due then
     run_ids bigint[];
-    closed bigint[] := '{}';
+    forgotten bigint[] := '{}';
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
@@ -159,7 +162,8 @@ BEGIN
                         THEN pgsched._delayed(pgsched._delayed(e.next_start,
                                  -pg_catalog.make_interval(secs => e.schedule_delay_s)), j.schedule_delay)
                         ELSE e.next_start END AS next_start,
-                   j.scheduled, jr.concurrency_key, j.schedule = '@after' AS after_upstreams, j.schedule_delay
+                   j.scheduled, jr.concurrency_key, j.schedule = '@after' AS after_upstreams, j.schedule_delay,
+                   j.history
               FROM pgsched.job_run jr
               JOIN e ON e.run_id = jr.run_id
               JOIN pgsched.job j ON j.job_id = jr.job_id
@@ -247,15 +251,18 @@ BEGIN
             RETURNING s.job_id, s.state, p.disable_reason IS NOT NULL AND p.plan_run IS NOT NULL AS disable
         )
         SELECT r.run_id, r.job_id, r.scope, r.outcome, b.state AS old_state, a.state AS new_state,
-               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time, r.concurrency_key, r.fin
+               coalesce(a.disable, false) AS disable, r.attempt, r.plan_time, r.concurrency_key, r.fin,
+               NOT pgsched._kept(r.history, r.outcome) AS drop_row
           FROM r
           LEFT JOIN before b ON b.job_id = r.job_id
           LEFT JOIN after a ON a.job_id = r.job_id
     LOOP
         run_id := c.run_id; job_id := c.job_id; scope := c.scope; outcome := c.outcome;
-        old_state := c.old_state; new_state := c.new_state;
+        old_state := c.old_state; new_state := c.new_state; drop_row := c.drop_row;
         RETURN NEXT;
-        closed := closed || c.run_id;
+        IF c.drop_row THEN
+            forgotten := forgotten || c.run_id;
+        END IF;
         -- Events (README "Events"): a run that ends other than in success, and a job this close
         -- disables, are announced on pgsched_events. Here, not in a trigger: a success costs one
         -- test (a NOTIFY per success would serialize commits on the notify queue's lock). The
@@ -311,8 +318,9 @@ BEGIN
         -- After the statement above: pausing the job fires its trigger, which writes job_stat too.
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = ANY (disable) AND j.scheduled;
     END IF;
-    IF forget THEN
-        PERFORM pgsched._forget_runs(closed);
+    -- Only when a closed run's job keeps no row of it: a statement less per close for the others.
+    IF forget AND forgotten <> '{}' THEN
+        PERFORM pgsched._forget_runs(forgotten);
     END IF;
 END
 $$;

@@ -784,6 +784,7 @@ DECLARE
     c record;
     e record;
     closed bigint[] := '{}';
+    forgotten bigint[] := '{}';
     scope_ended boolean := false;
     wake boolean := false;
 BEGIN
@@ -791,6 +792,9 @@ BEGIN
         run_id := c.run_id; job_id := c.job_id; old_state := c.old_state; new_state := c.new_state;
         RETURN NEXT;
         closed := closed || c.run_id;
+        IF c.drop_row THEN
+            forgotten := forgotten || c.run_id;
+        END IF;
         scope_ended := scope_ended OR c.scope <> '';
     END LOOP;
     IF closed = '{}' THEN
@@ -841,7 +845,9 @@ BEGIN
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');
     END IF;
     -- Last: the statements above read the closed rows.
-    PERFORM pgsched._forget_runs(closed);
+    IF forgotten <> '{}' THEN
+        PERFORM pgsched._forget_runs(forgotten);
+    END IF;
 END
 $$;
 
