@@ -65,7 +65,10 @@ def test_each_upstream_success_runs_each_dependent_once_across_two_instances(db:
     g_ok = [r for r in g_runs if r["outcome"] == "success"]
     skipped = [r for r in g_runs if r["outcome"] == "skipped"]
     assert 1 <= len(g_ok) <= len(b_ok)
-    assert skipped and all("upstream job(s) not succeeded" in r["message"] for r in skipped)
+    # (a run that outlasted g's next slot on a loaded machine records that slot as skipped too)
+    assert skipped and all("upstream job(s) not succeeded" in r["message"] or "was still in progress" in r["message"]
+                           for r in skipped)
+    assert any("upstream job(s) not succeeded" in r["message"] for r in skipped)
     # the operator's view
     jobs = {j["job_id"]: j for j in ok_json("jobs", "--dsn", db)}
     assert (jobs[e]["schedule"], jobs[e]["depends_on"]) == ("@after", sorted([c, d]))
