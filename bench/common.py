@@ -27,11 +27,12 @@ PGSCHED = str(Path(sys.executable).parent / "pgsched")
 
 
 @contextmanager
-def cluster(*, install: bool = True) -> Iterator[tuple[Cluster, str]]:
-    """A throwaway cluster with bench_start, noop and mark, and (install) this checkout's schema."""
+def cluster(*, install: bool = True, settings: dict[str, str] | None = None) -> Iterator[tuple[Cluster, str]]:
+    """A throwaway cluster with bench_start, noop and mark, and (install) this checkout's schema;
+    `settings`: more server settings."""
     tmp = tempfile.mkdtemp(prefix="pgsched-bench-")
     os.chmod(tmp, 0o755)
-    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100"})
+    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100", **(settings or {})})
     c.initdb()
     c.start()
     c.wait_ready()

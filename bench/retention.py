@@ -1,17 +1,21 @@
 """History at full throughput with and without retention (issue 12, README "History and retention").
 
-    ./dev bench retention [--seconds 600] [--retention 60] [--purge-interval 10] [--rounds 1]
+    ./dev bench retention [--seconds 600] [--retention 60] [--partition 10] [--purge-interval 10] [--rounds 1]
 
 Each round runs the throughput load of `./dev bench scheduler throughput` (400 trivial function jobs
 always due, `serve --max-workers 8`, a fresh cluster) twice, in turn: without retention (the
 schedulers' purge off, `purge_interval = 0`) and with it (`set_retention` of --retention seconds
-for every outcome, the purge every --purge-interval seconds). For each it prints:
+for every outcome and partitions of --partition seconds, the purge every --purge-interval seconds).
+For each it prints:
 
 * runs/s, counted from job_stat (the counters retention does not remove), and CPU per run of the
   scheduler, its workers and every PostgreSQL process;
 * the peak of pgsched.job_run's rows and of its size with its indexes (sampled every 2 s);
-* with retention: the purges (from the scheduler's log) and their longest batch, which holds the
-  row locks of the runs it deletes until its commit.
+* with retention: the purges (from the scheduler's log), the partitions they dropped, their
+  longest partition step (an attach or a drop: about the time it held job_run_live's lock) and
+  their longest batch (which holds the row locks of the runs it deletes until its commit);
+* the claim's and the close's statements as the server timed them (pg_stat_statements: calls,
+  mean, standard deviation and max; it keeps no percentiles, so the max stands for the p99).
 
 One JSON object per run, then one line comparing the two.
 """
@@ -35,19 +39,37 @@ def successes(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def one_run(seconds: float, retention_s: float | None, purge_interval: float) -> dict[str, Any]:
+STATEMENTS = {"claim": "%pgsched._claim_v2(%", "close": "%pgsched._close_runs(%"}
+
+
+def statement_times(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, pattern in STATEMENTS.items():
+        r = conn.execute("SELECT sum(calls), sum(calls * mean_exec_time) / nullif(sum(calls), 0), "
+                         "max(stddev_exec_time), max(max_exec_time) FROM pg_stat_statements "
+                         "WHERE query LIKE %s", (pattern,)).fetchone()
+        assert r is not None
+        out[name] = {"calls": int(r[0] or 0), "mean_ms": round(float(r[1] or 0), 3),
+                     "stddev_ms": round(float(r[2] or 0), 3), "max_ms": round(float(r[3] or 0), 1)}
+    return out
+
+
+def one_run(seconds: float, retention_s: float | None, partition_s: float, purge_interval: float) -> dict[str, Any]:
     config = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".toml")[1])
     config.write_text(f"purge_interval = {purge_interval if retention_s is not None else 0}\n")
-    with cluster() as (c, dsn):
+    with cluster(settings={"shared_preload_libraries": "pg_stat_statements"}) as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
-        if retention_s is not None:
-            with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
+            if retention_s is not None:
                 conn.execute("SELECT pgsched.set_retention(success => make_interval(secs => %s), "
-                             "failure => make_interval(secs => %s))", (retention_s, retention_s))
+                             "failure => make_interval(secs => %s), partition => make_interval(secs => %s))",
+                             (retention_s, retention_s, partition_s))
         with serve(dsn, "--max-workers", "8", "--config", str(config)) as (proc, log), \
                 psycopg.connect(dsn, autocommit=True) as conn:
             wait_for_log(log, "ready:", 30)
             time.sleep(2)
+            conn.execute("SELECT pg_stat_statements_reset()")
             pm = c.postmaster_pid()
             assert pm is not None
             n0, t0, a0 = successes(conn), time.monotonic(), tree_cpu_seconds(proc.pid, pm)
@@ -60,6 +82,7 @@ def one_run(seconds: float, retention_s: float | None, purge_interval: float) ->
                 peak_rows, peak_bytes = max(peak_rows, int(r[0])), max(peak_bytes, int(r[1]))
             n1, t1, a1 = successes(conn), time.monotonic(), tree_cpu_seconds(proc.pid, pm)
             end_rows = conn.execute("SELECT count(*) FROM pgsched.job_run").fetchone()
+            timed = statement_times(conn)
         purges = [json.loads(line) for line in log.read_text().splitlines()
                   if line.startswith("{") and "history purged" in line]
     config.unlink()
@@ -72,6 +95,9 @@ def one_run(seconds: float, retention_s: float | None, purge_interval: float) ->
         "purges": len(purges), "runs_purged": sum(int(p.get("runs", 0)) for p in purges),
         "purge_batches": sum(int(p.get("batches", 0)) for p in purges),
         "longest_batch_ms": max(longest) if longest else None,
+        "partitions_dropped": sum(int(p.get("partitions_dropped", 0)) for p in purges),
+        "longest_step_ms": max((float(p.get("longest_step_ms", 0)) for p in purges), default=None),
+        **timed,
     }
 
 
@@ -79,13 +105,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=600.0, help="length of each run (default 600: 10 minutes)")
     ap.add_argument("--retention", type=float, default=60.0, help="retention of every outcome, s (default 60)")
+    ap.add_argument("--partition", type=float, default=10.0, help="partition width, s (default 10)")
     ap.add_argument("--purge-interval", type=float, default=10.0, help="serve's purge_interval, s (default 10)")
     ap.add_argument("--rounds", type=int, default=1, help="pairs of runs, without then with (default 1)")
     args = ap.parse_args()
     results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for _ in range(args.rounds):
         for with_retention in (False, True):
-            r = one_run(args.seconds, args.retention if with_retention else None, args.purge_interval)
+            r = one_run(args.seconds, args.retention if with_retention else None, args.partition,
+                        args.purge_interval)
             results[with_retention].append(r)
             print(json.dumps(r), flush=True)
     mean = {k: sum(r["runs_per_s"] for r in v) / len(v) for k, v in results.items()}

@@ -2,14 +2,16 @@
 
     ./dev bench upgrade_lock [--from REV] [--rows 5000000]
 
-A throwaway cluster is set up by the code of commit REV (default: the last commit before retention,
-run from a `git archive` of it), and its pgsched.job_run filled with --rows ended runs of 100 jobs,
-their ends spread evenly over the last 60 days. Then this checkout's `init` upgrades it while a
-probe session reads pgsched.job_run by key every 5 ms (as a scheduler's claim and close do): the
-longest probe is how long the upgrade held the table away from running schedulers. Then the
-schedulers' purge, batch after batch (pgsched.retention.BATCH runs), until nothing is past the retention
-(7 days for these successes): its time, its longest batch, and the rows inside the retention
-before and after (none may be lost).
+A throwaway cluster is set up by the code of commit REV (default: the last commit before job_run
+was partitioned, run from a `git archive` of it), and its pgsched.job_run filled with --rows ended
+runs of 100 jobs, their ends spread evenly over the last 60 days. Then this checkout's `init`
+upgrades it while a probe session reads pgsched.job_run by key every 5 ms (as a scheduler's claim
+and close do): the longest probe is how long the upgrade held the table away from running
+schedulers. Then the schedulers' first purge, as pgsched/retention.py takes it, the probe still
+running: the partition steps (the validation of job_run_live's constraint over every old row, the
+partitions made ahead), then batch after batch (pgsched.retention.BATCH runs) until nothing is past
+the retention (7 days for these successes): the time of each, the longest batch, and the rows
+inside the retention before and after (none may be lost).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import psycopg
 from common import cluster
 
 from pgsched import migrate
-from pgsched.retention import BATCH
+from pgsched.retention import BATCH, Purger
 
 ROOT = Path(__file__).resolve().parent.parent
-BEFORE_RETENTION = "4fcef58"
+BEFORE_PARTITIONS = "9d4e4fc"
 
 
 def init_with(rev: str, dsn: str) -> None:
@@ -46,8 +48,8 @@ def init_with(rev: str, dsn: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="rev", default=BEFORE_RETENTION,
-                    help=f"the release before (default {BEFORE_RETENTION})")
+    ap.add_argument("--from", dest="rev", default=BEFORE_PARTITIONS,
+                    help=f"the release before (default {BEFORE_PARTITIONS})")
     ap.add_argument("--rows", type=int, default=5_000_000, help="ended runs in job_run (default 5,000,000)")
     args = ap.parse_args()
     with cluster(install=False) as (_, dsn):
@@ -70,16 +72,16 @@ def main() -> None:
                                   "'7 days'", (at[0],)).fetchone()
             assert inside is not None
 
-        longest = 0.0
+        longest = {"init": 0.0, "steps": 0.0}
+        phase = "init"
         stop = threading.Event()
 
         def probe() -> None:
-            nonlocal longest
             with psycopg.connect(dsn, autocommit=True) as p:
                 while not stop.is_set():
                     began = time.monotonic()
                     p.execute("SELECT outcome FROM pgsched.job_run WHERE run_id = 1")
-                    longest = max(longest, time.monotonic() - began)
+                    longest[phase] = max(longest[phase], time.monotonic() - began)
                     time.sleep(0.005)
 
         prober = threading.Thread(target=probe)
@@ -90,6 +92,12 @@ def main() -> None:
             migrate.init(conn)
             init_s = time.monotonic() - t
         time.sleep(0.5)
+        phase = "steps"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            t = time.monotonic()
+            made, _, deferred, longest_step = Purger(dsn, 0).take_partition_steps(conn)
+            steps_s = time.monotonic() - t
+        time.sleep(0.5)
         stop.set()
         prober.join()
 
@@ -98,8 +106,8 @@ def main() -> None:
             t = time.monotonic()
             while True:
                 b = time.monotonic()
-                row = conn.execute("SELECT runs FROM pgsched.purge_history(now => %s, max_rows => %s)",
-                                   (at[0], BATCH)).fetchone()
+                row = conn.execute("SELECT runs FROM pgsched.purge_history(now => %s, max_rows => %s, "
+                                   "with_partitions => false)", (at[0], BATCH)).fetchone()
                 worst = max(worst, time.monotonic() - b)
                 assert row is not None
                 batches, purged = batches + 1, purged + int(row[0])
@@ -112,7 +120,10 @@ def main() -> None:
             assert after is not None and left is not None
     print(json.dumps({
         "from": args.rev, "rows": args.rows, "fill_s": round(fill_s, 1),
-        "init_s": round(init_s, 3), "longest_probe_during_init_ms": round(1000 * longest, 1),
+        "init_s": round(init_s, 3), "longest_probe_during_init_ms": round(1000 * longest["init"], 1),
+        "partition_steps_s": round(steps_s, 2), "partitions_made": made, "steps_deferred": deferred,
+        "longest_step_ms": round(1000 * longest_step, 1),
+        "longest_probe_during_steps_ms": round(1000 * longest["steps"], 1),
         "purged": purged, "purge_batches": batches, "purge_s": round(purge_s, 1),
         "longest_purge_batch_ms": round(1000 * worst, 1),
         "rows_inside_retention_before": int(inside[0]), "rows_inside_retention_after": int(after[0]),

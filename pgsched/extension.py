@@ -36,11 +36,14 @@ EARLIER_RELEASES: dict[str, int] = {"0.1.0": 5}
 
 # The catalog: what pg_dump must dump of an extension's tables (their rows, not their definitions).
 # A job's runs refer to instances, so those come too. The ledgers and api_state are the scripts'.
-CONFIG_TABLES = ("pgsched.instance", "pgsched.job", "pgsched.job_stat", "pgsched.job_run",
+# job_run is partitioned since migration 0015 (only a plain table's rows are marked): its default
+# partition, job_run_live, is the extension's; the time partitions the schedulers make are ordinary
+# tables of the schema, which pg_dump dumps whole.
+CONFIG_TABLES = ("pgsched.instance", "pgsched.job", "pgsched.job_stat", "pgsched.job_run", "pgsched.job_run_live",
                  "pgsched.concurrency_limit", "pgsched.history_policy")
 CONFIG_SEQUENCES = ("pgsched.lease_token_seq",)
-# Columns whose identity sequence holds the next id: without its value a restored database would
-# hand out ids the restored rows already have.
+# Columns whose sequence holds the next id (an identity's; job_run.run_id's own since migration
+# 0015): without its value a restored database would hand out ids the restored rows already have.
 IDENTITY_COLUMNS = (("pgsched.job", "job_id"), ("pgsched.instance", "instance_id"), ("pgsched.job_run", "run_id"))
 
 VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -108,8 +111,8 @@ $pgsched$;
 
 def _config_marks() -> str:
     # A table this script's release does not have yet (an earlier release packaged by this code) is not marked.
-    lines = [f"SELECT pg_catalog.pg_extension_config_dump(pg_catalog.to_regclass({_literal(t)}), '') "
-             f"WHERE pg_catalog.to_regclass({_literal(t)}) IS NOT NULL;" for t in CONFIG_TABLES]
+    lines = [f"SELECT pg_catalog.pg_extension_config_dump(c.oid::pg_catalog.regclass, '') FROM pg_catalog.pg_class c "
+             f"WHERE c.oid = pg_catalog.to_regclass({_literal(t)}) AND c.relkind = 'r';" for t in CONFIG_TABLES]
     lines += [f"SELECT pg_catalog.pg_extension_config_dump({_literal(s)}, '');" for s in CONFIG_SEQUENCES]
     lines += [f"SELECT pg_catalog.pg_extension_config_dump(pg_catalog.pg_get_serial_sequence({_literal(t)}, "
               f"{_literal(c)})::regclass, '');" for t, c in IDENTITY_COLUMNS]

@@ -186,7 +186,7 @@ def import_pg_cron(source_dsn: str, target_dsn: str | None, *, history: bool, di
                 if history and imported:
                     for r in _read_history(src, list(imported)):
                         cur.execute(
-                            "INSERT INTO pgsched.job_run (job_id, plan_time, trigger, started_at, finished_at, "
+                            "INSERT INTO pgsched.job_run_live (job_id, plan_time, trigger, started_at, finished_at, "
                             "outcome, message, backend_pid) VALUES (%s, %s, 'schedule', %s, %s, %s, %s, %s) "
                             "ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING RETURNING 1",
                             (imported[int(r["jobid"])], r["start_time"], r["start_time"], r["end_time"],

@@ -2,8 +2,11 @@
 
 Every `purge_interval` seconds an instance asks the database whether it is its turn
 (pgsched._purge_turn: the first to ask once the interval has passed since the last turn, over
-every instance), and if so applies the retention with pgsched.purge_history in batches of
-`BATCH` runs, one transaction each, until a batch comes back short. It does so on a thread and a
+every instance), and if so takes the steps that keep job_run's time partitions in step with the
+policy (pgsched._history_steps: drop the ones past, make the ones ahead; a transaction each, none
+waiting long for its lock), then deletes the rows left in job_run_live that are past their
+retention with pgsched.purge_history in batches of `BATCH` runs, one transaction each, until a
+batch comes back short. It does so on a thread and a
 connection of its own: the scheduler's loop, its claims and its closes never wait for a purge.
 The database's clock judges the rows' age (purge_history's default `now`).
 """
@@ -40,6 +43,7 @@ class Purger:
         self._conn: psycopg.Connection[Any] | None = None
         self.turns = 0  # purges this instance ran (tests, the stats line)
         self.runs_purged = 0
+        self.partitions_dropped = 0
 
     def start(self) -> None:
         if self._thread is not None:
@@ -97,12 +101,13 @@ class Purger:
         row = conn.execute("SELECT pgsched._purge_turn(make_interval(secs => %s))", (self.every,)).fetchone()
         if not (row and row[0]):
             return False
+        made, dropped, deferred, longest_step = self.take_partition_steps(conn)
         runs = instances = batches = 0
         longest = 0.0  # a batch's row locks are held until its commit: the longest is what it held them
         while not self._stop.is_set():
             began = time.monotonic()
-            got = conn.execute("SELECT runs, instances FROM pgsched.purge_history(max_rows => %s)",
-                               (self.batch,)).fetchone()
+            got = conn.execute("SELECT runs, instances FROM pgsched.purge_history(max_rows => %s, "
+                               "with_partitions => false)", (self.batch,)).fetchone()
             longest = max(longest, time.monotonic() - began)
             assert got is not None
             runs += got[0]
@@ -112,8 +117,37 @@ class Purger:
                 break
         self.turns += 1
         self.runs_purged += runs
-        log.info("history purged: %d run(s) and %d stopped instance(s) past their retention, in %d batch(es), "
-                 "the longest %.1f ms", runs, instances, batches, 1000 * longest,
-                 extra={"runs": runs, "instances": instances, "batches": batches,
-                        "longest_batch_ms": round(1000 * longest, 1)})
+        self.partitions_dropped += dropped
+        log.info("history purged: %d partition(s) dropped and %d made%s, %d run(s) and %d stopped instance(s) "
+                 "past their retention deleted in %d batch(es), the longest %.1f ms", dropped, made,
+                 " (the rest left to the next turn: a lock was busy)" if deferred else "", runs, instances,
+                 batches, 1000 * longest,
+                 extra={"partitions_dropped": dropped, "partitions_made": made,
+                        "longest_step_ms": round(1000 * longest_step, 1), "runs": runs,
+                        "instances": instances, "batches": batches, "longest_batch_ms": round(1000 * longest, 1)})
         return True
+
+    def take_partition_steps(self, conn: psycopg.Connection[Any]) -> tuple[int, int, bool, float]:
+        """Take the partition steps due now, a transaction each (`conn` in autocommit): (made,
+        dropped, whether some were left for the next turn because a lock was busy, the longest
+        attach or drop in seconds: about what it held job_run_live's lock). A validation comes
+        alone (the steps after it are known once it is done), hence the second look."""
+        made = dropped = 0
+        longest = 0.0
+        for _ in range(2):
+            steps = conn.execute("SELECT step, name, lower, upper FROM pgsched._history_steps(now())").fetchall()
+            for step, name, lower, upper in steps:
+                if self._stop.is_set():
+                    return made, dropped, True, longest
+                began = time.monotonic()
+                row = conn.execute("SELECT pgsched._history_step(%s, %s, %s, %s)",
+                                   (step, name, lower, upper)).fetchone()
+                if step != "validate":
+                    longest = max(longest, time.monotonic() - began)
+                if not (row and row[0]):
+                    return made, dropped, True, longest
+                made += step == "create"
+                dropped += step == "drop"
+            if not any(step == "validate" for step, *_ in steps):
+                break
+        return made, dropped, False, longest

@@ -561,7 +561,7 @@ BEGIN
             -- to scheduled): scheduled now would let a scheduler start it a second time.
             UPDATE pgsched.job_stat
                SET state = CASE WHEN state = 'disabled'
-                                     AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                                     AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r
                                                       WHERE r.run_id = job_stat.current_run_id
                                                         AND r.outcome = 'running')
                                 THEN 'scheduled' ELSE state END,
@@ -642,3 +642,21 @@ RETURN CASE WHEN pgsched._routine_outcome(outcome) THEN coalesce(job_success, db
 CREATE OR REPLACE FUNCTION pgsched._kept(history text, outcome text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN history = 'all' OR (history = 'failures' AND NOT pgsched._routine_outcome(outcome));
+
+-- The rows that keep a run from happening twice, while they do (pgsched._forget_runs): a run
+-- trigger_job started on a scheduler, an '@restart' job's plan run. They stay in job_run_live
+-- whatever their job's level, and the purge removes them by its own rules.
+CREATE OR REPLACE FUNCTION pgsched._kept_in_place(trigger text, instance_id bigint, schedule text, scope text)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (trigger = 'manual' AND instance_id IS NOT NULL) OR (schedule = '@restart' AND scope = '');
+
+-- The end of retention a close gives a run's row, which decides the partition of job_run it moves
+-- to (migration 0015); NULL leaves it in job_run_live, for the purge's batches: an end outside the
+-- partitions made so far, [partitions_from, partitions_until) (pgsched._history_steps makes them
+-- ahead, as far as the longer of the database's retentions). Stable: a timestamptz plus days
+-- depends on the time zone.
+CREATE OR REPLACE FUNCTION pgsched._keep_until(finished_at timestamptz, retention interval,
+                                               partitions_from timestamptz, partitions_until timestamptz)
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE
+RETURN CASE WHEN finished_at + retention >= partitions_from AND finished_at + retention < partitions_until
+            THEN finished_at + retention END;

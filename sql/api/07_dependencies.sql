@@ -258,7 +258,7 @@ SELECT s.job_id, p.plan_time, p.n = 1 AS pending, p.n AS position
  CROSS JOIN LATERAL unnest(pgsched._delayed(s.next_start, -j.schedule_delay) || coalesce(s.upstream_backlog, '{}'))
                     WITH ORDINALITY AS p(plan_time, n)
  WHERE j.schedule = '@after' AND p.plan_time IS NOT NULL
-   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r
                     WHERE r.job_id = s.job_id AND r.scope = '' AND r.plan_time = p.plan_time);
 
 -- Upstream plan runs that succeeded (the close calls this: their jobs and plan times, in the close's
@@ -376,7 +376,7 @@ DECLARE
     dependent integer;
     waiting text;
 BEGIN
-    SELECT r.job_id INTO dependent FROM pgsched.job_run r WHERE r.run_id = _take_upstreams.run_id;
+    SELECT r.job_id INTO dependent FROM pgsched.job_run_live r WHERE r.run_id = _take_upstreams.run_id;
     IF dependent IS NULL THEN
         RETURN NULL;
     END IF;

@@ -39,14 +39,14 @@ BEGIN
     -- (see below), disabled with its current run still open.
     IF st.state IN ('starting', 'terminating')
        OR (st.state = 'disabled' AND st.current_run_id IS NOT NULL
-           AND EXISTS (SELECT 1 FROM pgsched.job_run r
+           AND EXISTS (SELECT 1 FROM pgsched.job_run_live r
                         WHERE r.run_id = st.current_run_id AND r.outcome = 'running')) THEN
         RAISE EXCEPTION USING ERRCODE = '55006',
             MESSAGE = format('job %s is already running (run %s)', _mark_start.job_id, st.current_run_id),
             HINT = 'wait for the run to end (see pgsched.job_stats), then try again';
     END IF;
-    INSERT INTO pgsched.job_run (job_id, plan_time, trigger, started_at, outcome, worker_pid, backend_pid,
-                                 instance_id, lease_token, heartbeat_at, concurrency_key)
+    INSERT INTO pgsched.job_run_live (job_id, plan_time, trigger, started_at, outcome, worker_pid, backend_pid,
+                                      instance_id, lease_token, heartbeat_at, concurrency_key)
     VALUES (_mark_start.job_id, _mark_start.plan_time, _mark_start.trigger, _mark_start.started_at, 'running',
             _mark_start.worker_pid, _mark_start.backend_pid, _mark_start.instance_id, _mark_start.lease_token,
             _mark_start.started_at, st.concurrency_key)
@@ -101,8 +101,11 @@ SET search_path = pg_catalog, pg_temp
 -- Everything here is read by key, a few rows of large tables. A statement's plan is kept for the
 -- session from its first calls, which a new scheduler makes while job_run is a few pages: a
 -- sequential scan of it then (0.5 ms a close with 2,400 runs, bench/claim_close.py) stayed until
--- an ANALYZE of the table replaced the plan.
-SET enable_seqscan = off AS $$
+-- an ANALYZE of the table replaced the plan. And no JIT: with sequential scans off, a scan the
+-- planner has no other way for (an empty table's) costs the statement past jit_above_cost, and
+-- compiling it took a second a close.
+SET enable_seqscan = off
+SET jit = off AS $$
 DECLARE
     c record;
     bad text;
@@ -113,6 +116,10 @@ DECLARE
     ok_at timestamptz;  -- when the last of them ended: the clock of what is due then
     run_ids bigint[];
     forgotten bigint[] := '{}';
+    -- The retention and the partitions' range, read apart: joined into the statement, the policy
+    -- table (empty, or one row) counted for hundreds of rows, and the close then read all of
+    -- job_run_live to update its few.
+    policy record;
 BEGIN
     SELECT x.outcome INTO bad
       FROM jsonb_to_recordset(ends) AS x(outcome text)
@@ -135,16 +142,17 @@ BEGIN
         run_ids := ARRAY(SELECT (x->>'run_id')::bigint FROM jsonb_array_elements(ends) x);
         -- The runs first, as the statement below and a takeover (_take_over_v2) lock them: run, then
         -- its job's row.
-        PERFORM 1 FROM pgsched.job_run jr WHERE jr.run_id = ANY (run_ids) ORDER BY jr.run_id FOR UPDATE;
+        PERFORM 1 FROM pgsched.job_run_live jr WHERE jr.run_id = ANY (run_ids) ORDER BY jr.run_id FOR UPDATE;
         PERFORM 1 FROM pgsched.job_stat s
-         WHERE s.job_id IN (SELECT jr.job_id FROM pgsched.job_run jr WHERE jr.run_id = ANY (run_ids)
+         WHERE s.job_id IN (SELECT jr.job_id FROM pgsched.job_run_live jr WHERE jr.run_id = ANY (run_ids)
                             UNION
-                            SELECT d.job_id FROM pgsched.job_run jr
+                            SELECT d.job_id FROM pgsched.job_run_live jr
                               JOIN pgsched.job_dependency d ON d.upstream_id = jr.job_id
                              WHERE jr.run_id = ANY (run_ids))
          ORDER BY s.job_id
            FOR UPDATE OF s;
     END IF;
+    SELECT * INTO policy FROM pgsched._history_policy;
     FOR c IN
         WITH e AS (
             SELECT * FROM jsonb_to_recordset(ends) AS x(
@@ -163,19 +171,28 @@ BEGIN
                                  -pg_catalog.make_interval(secs => e.schedule_delay_s)), j.schedule_delay)
                         ELSE e.next_start END AS next_start,
                    j.scheduled, jr.concurrency_key, j.schedule = '@after' AS after_upstreams, j.schedule_delay,
-                   j.history
-              FROM pgsched.job_run jr
+                   j.history,
+                   -- where the row goes (migration 0015): a partition of job_run by the end of its retention
+                   pgsched._kept(j.history, e.outcome)
+                   AND NOT pgsched._kept_in_place(jr.trigger, jr.instance_id, j.schedule, jr.scope) AS moves,
+                   pgsched._retention(e.outcome, j.success_retention, j.failure_retention, policy.success_retention,
+                                      policy.failure_retention) AS retention
+              FROM pgsched.job_run_live jr
               JOIN e ON e.run_id = jr.run_id
               JOIN pgsched.job j ON j.job_id = jr.job_id
              WHERE jr.outcome = 'running' AND (e.lease_token IS NULL OR jr.lease_token = e.lease_token)
              ORDER BY jr.run_id
                FOR UPDATE OF jr
         ), closed AS (
+            -- Through job_run, with the end of retention: the row moves to its partition (a row its
+            -- level drops, or kept in place, stays in job_run_live: pgsched._forget_runs).
             UPDATE pgsched.job_run jr
                SET finished_at = r.fin, outcome = r.outcome, sqlstate = r.sqlstate, message = r.message,
-                   rows_affected = r.rows_affected, result = r.result
+                   rows_affected = r.rows_affected, result = r.result,
+                   keep_until = CASE WHEN r.moves THEN pgsched._keep_until(r.fin, r.retention, policy.partitions_from,
+                                                                          policy.partitions_until) END
               FROM r
-             WHERE jr.run_id = r.run_id
+             WHERE jr.run_id = r.run_id AND jr.keep_until IS NULL
             RETURNING jr.run_id
         ), per_job AS (
             -- A job has at most one plan run open; its scope runs only add to the totals.
@@ -303,7 +320,7 @@ BEGIN
                          WHERE w.state = 'scheduled' AND w.concurrency_key = ANY (keys_freed)
                            AND pgsched._due_at(w.job_id, w.next_start, w.jitter_us)
                                <= pg_catalog.timezone('UTC', pg_catalog.now()))
-                OR EXISTS (SELECT 1 FROM pgsched.job_run q JOIN pgsched.job_stat w ON w.job_id = q.job_id
+                OR EXISTS (SELECT 1 FROM pgsched.job_run_live q JOIN pgsched.job_stat w ON w.job_id = q.job_id
                             WHERE q.outcome = 'queued' AND w.concurrency_key = ANY (keys_freed))) THEN
             PERFORM pg_catalog.pg_notify('pgsched_catalog', 'concurrency_key:free');
         END IF;
@@ -385,7 +402,7 @@ CREATE OR REPLACE FUNCTION pgsched._run_job_end(run_id bigint, sqlstate text, me
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+    IF NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r
                     WHERE r.run_id = _run_job_end.run_id AND r.trigger = 'manual' AND r.instance_id IS NULL
                       AND r.backend_pid = pg_catalog.pg_backend_pid() AND r.outcome = 'running') THEN
         RETURN false;
@@ -451,7 +468,7 @@ BEGIN
     -- manual run's plan time is its start.
     PERFORM pg_catalog.set_config('pgsched.run_id', rid::text, true),
             pg_catalog.set_config('pgsched.plan_time',
-                                  (SELECT r.plan_time FROM pgsched.job_run r WHERE r.run_id = rid)::text, true),
+                                  (SELECT r.plan_time FROM pgsched.job_run_live r WHERE r.run_id = rid)::text, true),
             pg_catalog.set_config('pgsched.scope', '', true);
     IF owner_name <> current_user THEN
         EXECUTE format('SET LOCAL ROLE %I', owner_name);

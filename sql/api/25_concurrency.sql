@@ -24,7 +24,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._key_running(concurrency_key text)
 RETURNS integer LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT count(*)::integer FROM pgsched.job_run r
+    SELECT count(*)::integer FROM pgsched.job_run_live r
      WHERE r.outcome = 'running' AND r.concurrency_key = _key_running.concurrency_key
 $$;
 
@@ -38,7 +38,7 @@ SELECT coalesce(l.concurrency_key, b.concurrency_key) AS concurrency_key,
        coalesce(l.max_running, pgsched._key_default_limit()) - coalesce(b.n, 0) AS free
   FROM pgsched.concurrency_limit l
   FULL JOIN (SELECT r.concurrency_key, count(*) AS n
-               FROM pgsched.job_run r
+               FROM pgsched.job_run_live r
               WHERE r.outcome = 'running' AND r.concurrency_key IS NOT NULL
               GROUP BY r.concurrency_key) b ON b.concurrency_key = l.concurrency_key;
 REVOKE ALL ON pgsched._key_room FROM PUBLIC;

@@ -75,7 +75,7 @@ CREATE OR REPLACE VIEW pgsched.instances WITH (security_invoker = true) AS
 SELECT i.instance_id, i.host, i.pid, i.version, i.max_workers, i.started_at, i.heartbeat_at, i.stopped_at,
        (i.stopped_at IS NULL AND i.heartbeat_at >= now() - interval '10 seconds'
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = i.backend_pid)) AS alive,
-       (SELECT count(*) FROM pgsched.job_run r WHERE r.instance_id = i.instance_id AND r.outcome = 'running')
+       (SELECT count(*) FROM pgsched.job_run_live r WHERE r.instance_id = i.instance_id AND r.outcome = 'running')
            AS runs_in_progress
   FROM pgsched.instance i;
 

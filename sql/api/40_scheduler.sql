@@ -51,11 +51,11 @@ SELECT pgsched._drop_functions(ARRAY[
 -- job's whole history for every queued run.
 CREATE OR REPLACE VIEW pgsched._claimable_scope_runs AS
 SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
-  FROM pgsched.job_run q JOIN pgsched.job j ON j.job_id = q.job_id
+  FROM pgsched.job_run_live q JOIN pgsched.job j ON j.job_id = q.job_id
  WHERE q.outcome = 'queued' AND j.scheduled
-   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                     WHERE o.job_id = q.job_id AND o.outcome = 'running' AND o.scope = q.scope)
-   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                     WHERE o.job_id = q.job_id AND o.scope = q.scope AND o.outcome = 'queued'
                       AND o.plan_time < q.plan_time);
 
@@ -158,7 +158,7 @@ BEGIN
           -- keyed jobs first (few: job_stat_keyed_idx), then their queued runs: the queue may be long
           OR EXISTS (SELECT 1 FROM pgsched.job_stat s
                       WHERE s.concurrency_key IS NOT NULL
-                        AND EXISTS (SELECT 1 FROM pgsched.job_run q WHERE q.job_id = s.job_id AND q.outcome = 'queued'));
+                        AND EXISTS (SELECT 1 FROM pgsched.job_run_live q WHERE q.job_id = s.job_id AND q.outcome = 'queued'));
     IF keyed THEN
         PERFORM pg_catalog.pg_advisory_xact_lock(7401295312);
     END IF;
@@ -216,7 +216,7 @@ BEGIN
                             AS key_rank
                   FROM (SELECT q.run_id, q.plan_time, qs.concurrency_key,
                                f.free - (SELECT count(*) FROM due d WHERE d.concurrency_key = qs.concurrency_key) AS free
-                          FROM pgsched.job_run q
+                          FROM pgsched.job_run_live q
                           JOIN pgsched.job_stat qs ON qs.job_id = q.job_id
                           JOIN pgsched.job qj ON qj.job_id = q.job_id
                           LEFT JOIN LATERAL (
@@ -228,9 +228,9 @@ BEGIN
                          -- the batch (4.5 ms a claim with 350 runs queued, bench/scheduler.py --dependencies).
                          WHERE q.outcome = 'queued' AND qj.scheduled
                            AND (qj.kind <> 'python' OR qj.code_module = ANY (code_modules))
-                           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                                             WHERE o.job_id = q.job_id AND o.outcome = 'running' AND o.scope = q.scope)
-                           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                                             WHERE o.job_id = q.job_id AND o.scope = q.scope AND o.outcome = 'queued'
                                               AND o.plan_time < q.plan_time)
                            AND (qs.concurrency_key IS NULL OR f.free > 0)
@@ -241,7 +241,7 @@ BEGIN
                            FOR UPDATE OF q, qs SKIP LOCKED) q) q
          WHERE q.concurrency_key IS NULL OR q.key_rank <= q.free
     ), runs AS (
-        INSERT INTO pgsched.job_run AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
+        INSERT INTO pgsched.job_run_live AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
                                           instance_id, lease_token, heartbeat_at, jitter, concurrency_key)
         SELECT d.job_id, d.plan_time,
                -- an @after job's plan was given by its upstreams' success (07_dependencies.sql)
@@ -257,7 +257,7 @@ BEGIN
         RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
                   r.backend_pid
     ), scoped AS (
-        UPDATE pgsched.job_run r
+        UPDATE pgsched.job_run_live r
            SET outcome = 'running', started_at = _claim_v2.now, worker_pid = worker_pids[q.n],
                backend_pid = backend_pids[q.n], instance_id = _claim_v2.instance_id,
                lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim_v2.now,
@@ -368,7 +368,7 @@ SET search_path = pg_catalog, pg_temp AS $$
           FROM pgsched.job j
          WHERE j.job_id = s.job_id AND j.schedule = '@restart' AND s.state = 'scheduled'
            AND s.next_start IS NULL AND j.updated_at < pg_catalog.pg_postmaster_start_time()
-           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r
                             WHERE r.job_id = j.job_id AND r.scope = ''
                               AND r.plan_time = pg_catalog.pg_postmaster_start_time())
         RETURNING 1)
@@ -428,7 +428,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                 WHERE jr.run_id = _record_skipped.run_id),
     ins AS (
         -- The record is a history row: a job whose level keeps none of skips has only the count.
-        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
+        INSERT INTO pgsched.job_run_live (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT r.job_id, first_slot, 'schedule', 'skipped',
                format('%s slot(s) from %s to %s skipped: run %s was still in progress', skipped, first_slot,
                       last_slot, _record_skipped.run_id), _record_skipped.now,
@@ -550,7 +550,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                          THEN 'gone'
                      WHEN coalesce(r.heartbeat_at, r.started_at) < _abandoned_runs.now - dead_after THEN 'stale'
                    END AS cause
-              FROM pgsched.job_run r
+              FROM pgsched.job_run_live r
               LEFT JOIN pgsched.instance i ON i.instance_id = r.instance_id
              WHERE r.outcome = 'running') a
       JOIN pgsched.job_stat s ON s.job_id = a.job_id
@@ -572,15 +572,15 @@ DECLARE
 BEGIN
     -- A row locked by someone's open transaction (a DELETE of the job, say) is skipped, not
     -- waited for: the loop must not freeze on it, and it is renewed at the next heartbeat.
-    UPDATE pgsched.job_run r SET heartbeat_at = _heartbeat.now
-     WHERE r.run_id IN (SELECT l.run_id FROM pgsched.job_run l
+    UPDATE pgsched.job_run_live r SET heartbeat_at = _heartbeat.now
+     WHERE r.run_id IN (SELECT l.run_id FROM pgsched.job_run_live l
                           JOIN unnest(held, tokens) AS h(run_id, token) ON h.run_id = l.run_id
                          WHERE l.lease_token = h.token AND l.outcome = 'running'
                            FOR UPDATE OF l SKIP LOCKED);
     -- Lost: closed, taken over (another token) or gone with its job. Read, not locked.
     RETURN QUERY
     SELECT ARRAY(SELECT h.run_id FROM unnest(held, tokens) AS h(run_id, token)
-                  WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run r
+                  WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r
                                      WHERE r.run_id = h.run_id AND r.lease_token = h.token
                                        AND r.outcome = 'running')),
            beat;
@@ -601,7 +601,7 @@ RETURNS SETOF pgsched._launch_row_v2
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH t AS (
-        UPDATE pgsched.job_run r
+        UPDATE pgsched.job_run_live r
            SET instance_id = _take_over_v2.instance_id, lease_token = nextval('pgsched.lease_token_seq'),
                attempt = r.attempt + 1, started_at = _take_over_v2.now, heartbeat_at = _take_over_v2.now,
                worker_pid = u.worker_pid, backend_pid = u.backend_pid,
@@ -679,7 +679,7 @@ SET search_path = pg_catalog, pg_temp AS $$
          WHERE s.job_id = d.job_id AND s.next_start = d.old_next AND s.state = 'scheduled'
         RETURNING d.*
     ), ins AS (
-        INSERT INTO pgsched.job_run (job_id, plan_time, trigger, outcome, message, finished_at, result)
+        INSERT INTO pgsched.job_run_live (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT u.job_id, u.first_missed, 'catch_up', 'missed',
                format('%s plan(s) from %s to %s missed (%s)', u.missed, u.first_missed, u.last_missed, u.policy),
                _catch_up.now,
@@ -695,7 +695,7 @@ CREATE OR REPLACE FUNCTION pgsched._missing_runs(run_ids bigint[])
 RETURNS SETOF bigint LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT id FROM unnest(run_ids) AS id
-     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run r WHERE r.run_id = id AND r.outcome = 'running')
+     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r WHERE r.run_id = id AND r.outcome = 'running')
 $$;
 
 -- Disable a job the scheduler cannot run (bad schedule or a proc that no longer
@@ -785,7 +785,7 @@ DECLARE
     e record;
     closed bigint[] := '{}';
     forgotten bigint[] := '{}';
-    scope_ended boolean := false;
+    scope_jobs integer[] := '{}';  -- the jobs of the scope runs closed
     wake boolean := false;
 BEGIN
     FOR c IN SELECT * FROM pgsched._end_runs(ends, forget => false) LOOP
@@ -795,7 +795,9 @@ BEGIN
         IF c.drop_row THEN
             forgotten := forgotten || c.run_id;
         END IF;
-        scope_ended := scope_ended OR c.scope <> '';
+        IF c.scope <> '' THEN
+            scope_jobs := scope_jobs || c.job_id;
+        END IF;
     END LOOP;
     IF closed = '{}' THEN
         RETURN;
@@ -819,11 +821,11 @@ BEGIN
                 -- for a scope whose run of an earlier plan is still queued: the queue never grows past
                 -- one plan per scope, and the plans passed over are counted as skipped.
                 WITH q AS (
-                    INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome)
+                    INSERT INTO pgsched.job_run_live (job_id, scope, plan_time, trigger, outcome)
                     SELECT r.job_id, k.value, r.plan_time, r.trigger, 'queued'
                       FROM pgsched.job_run r, jsonb_array_elements_text(e.scopes) k
                      WHERE r.run_id = e.run_id AND k.value <> ''
-                       AND NOT EXISTS (SELECT 1 FROM pgsched.job_run o
+                       AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                                         WHERE o.job_id = r.job_id AND o.scope = k.value AND o.outcome = 'queued')
                     ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
                     RETURNING 1)
@@ -837,9 +839,8 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    IF wake OR (scope_ended AND EXISTS (SELECT 1 FROM pgsched.job_run q
-                                         JOIN pgsched.job_run r ON r.job_id = q.job_id
-                                        WHERE r.run_id = ANY (closed) AND r.scope <> '' AND q.outcome = 'queued')) THEN
+    IF wake OR (scope_jobs <> '{}' AND EXISTS (SELECT 1 FROM pgsched.job_run_live q
+                                                WHERE q.job_id = ANY (scope_jobs) AND q.outcome = 'queued')) THEN
         -- Queued scope runs became claimable: wake every scheduler (ours included), not
         -- only the ones that happen to have an idle worker at their next claim.
         PERFORM pg_catalog.pg_notify('pgsched_catalog', 'scopes');

@@ -47,7 +47,7 @@ DECLARE
 BEGIN
     PERFORM pgsched._check_may_act(cancel_job.job_id);
     FOR rid IN
-        SELECT r.run_id FROM pgsched.job_run r
+        SELECT r.run_id FROM pgsched.job_run_live r
          WHERE r.job_id = cancel_job.job_id AND r.outcome = 'running' AND r.instance_id IS NOT NULL
          ORDER BY r.run_id
     LOOP
@@ -77,7 +77,7 @@ BEGIN
     IF NOT FOUND
        OR NOT EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = _start_manual_v2.job_id
                                                     AND (j.kind <> 'python' OR j.code_module = ANY (code_modules)))
-       OR EXISTS (SELECT 1 FROM pgsched.job_run r WHERE r.job_id = _start_manual_v2.job_id AND r.scope = ''
+       OR EXISTS (SELECT 1 FROM pgsched.job_run_live r WHERE r.job_id = _start_manual_v2.job_id AND r.scope = ''
                                                     AND r.plan_time = _start_manual_v2.plan_time) THEN
         RETURN;
     END IF;
@@ -93,7 +93,7 @@ BEGIN
            NULL::timestamptz, pg_catalog.clock_timestamp(), v.scheduled, s.state, v.database, v.priority, v.exclude,
            v.jitter_s, v.concurrency_key, v.depends_on,
            v.history, v.success_retention_s, v.failure_retention_s
-      FROM pgsched.job_run r
+      FROM pgsched.job_run_live r
       JOIN pgsched._job_launch v ON v.job_id = r.job_id
       JOIN pgsched.job_stat s ON s.job_id = r.job_id
      WHERE r.run_id = rid;

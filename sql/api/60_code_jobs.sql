@@ -101,7 +101,7 @@ CREATE OR REPLACE FUNCTION pgsched._renew_lease(run_id bigint, lease_token bigin
 RETURNS boolean LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH u AS (
-        UPDATE pgsched.job_run r SET heartbeat_at = now()
+        UPDATE pgsched.job_run_live r SET heartbeat_at = now()
          WHERE r.run_id = _renew_lease.run_id AND r.lease_token IS NOT DISTINCT FROM _renew_lease.lease_token
            AND r.outcome = 'running'
         RETURNING 1)

@@ -24,9 +24,11 @@ def test_latest_runs_the_plan_due_when_the_run_starts_after_each_start(db: str, 
         assert row is not None
         job = int(row[0])
     for attempt in range(3):
-        # Downtime: the next plan is 15 plans back, as if no scheduler had run for 30 s.
-        query(db, "UPDATE pgsched.job_stat SET next_start = next_start - interval '30 seconds' "
-                  "WHERE job_id = %s RETURNING job_id", (job,))
+        # Downtime: the next plan is 15 plans back (or more), as if no scheduler had run for 30 s. Each
+        # further back than the last: a quick attempt would otherwise move it back onto the plans
+        # the last one recorded as missed, and its record would be the same row (the plan key).
+        query(db, "UPDATE pgsched.job_stat SET next_start = next_start - make_interval(secs => 30 * %s) "
+                  "WHERE job_id = %s RETURNING job_id", (attempt + 1, job))
         top = query(db, "SELECT coalesce(max(run_id), 0) AS r FROM pgsched.job_run")[0]["r"]
         s = serve(db, *FAST)
         first = wait_for(lambda: query(db, "SELECT plan_time, started_at FROM pgsched.job_run WHERE job_id = %s "

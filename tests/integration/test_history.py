@@ -7,6 +7,7 @@ finished_at, never a sleep.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from datetime import UTC, datetime, timedelta
@@ -55,10 +56,10 @@ def test_settings_show_the_default_retention_and_set_retention_changes_it(api: C
     assert shown["failure_retention"]["value"] == shown["failure_retention"]["default_value"] == "30 days"
     assert shown["last_purge"]["value"] is None
     assert one(api, "SELECT * FROM pgsched.set_retention(success => '2 days')") == {
-        "success_retention": days(2), "failure_retention": days(30)}
+        "success_retention": days(2), "failure_retention": days(30), "partition_width": days(1)}
     # NULL keeps the other
     assert one(api, "SELECT * FROM pgsched.set_retention(failure => '90 days')") == {
-        "success_retention": days(2), "failure_retention": days(90)}
+        "success_retention": days(2), "failure_retention": days(90), "partition_width": days(1)}
     assert scalar(api, "SELECT value FROM pgsched.settings WHERE name = 'success_retention'") == "2 days"
 
 
@@ -168,8 +169,10 @@ def test_two_sessions_purging_at_once_neither_waits_nor_deletes_a_row_twice(api:
         ended_run(api, job_id, "success", days(8), plan_offset=i)
     with psycopg.connect(db) as first, psycopg.connect(db) as second:
         second.execute("SET lock_timeout = '2s'")
-        got_first = first.execute("SELECT runs FROM pgsched.purge_history(now => %s, max_rows => 25)",
-                                  (NOW,)).fetchone()
+        # the rows only, as a scheduler's batch: a partition made or dropped would hold job_run_live's
+        # lock to the end of this open transaction
+        got_first = first.execute("SELECT runs FROM pgsched.purge_history(now => %s, max_rows => 25, "
+                                  "with_partitions => false)", (NOW,)).fetchone()
         # first's transaction is open and holds its 25 rows: second skips them
         got_second = second.execute("SELECT runs FROM pgsched.purge_history(now => %s)", (NOW,)).fetchone()
         second.commit()
@@ -372,3 +375,130 @@ def test_a_scheduler_whose_instance_row_was_pruned_while_it_was_cut_off_register
     assert "first" in seen and sched.instance_id != seen["first"]
     assert hits() >= seen["hits"] + 2
     assert scalar(jobs, "SELECT count(*) FROM pgsched.instance WHERE instance_id = %s", (sched.instance_id,)) == 1
+
+
+# -- time partitions (migration 0015) ---------------------------------------------------------------
+
+def partitions(conn: Conn) -> list[tuple[datetime, datetime]]:
+    return [(r["lower"], r["upper"]) for r in rows(conn, "SELECT lower, upper FROM pgsched._history_partitions "
+                                                         "ORDER BY lower")]
+
+
+def where(conn: Conn, run_id: int) -> tuple[str, datetime | None]:
+    """The table a run's row is in, and its end of retention."""
+    r = one(conn, "SELECT tableoid::regclass::text AS t, keep_until FROM pgsched.job_run WHERE run_id = %s",
+            (run_id,))
+    return str(r["t"]), r["keep_until"]
+
+
+def test_partitions_are_made_ahead_as_far_as_the_longer_retention_and_dropped_whole_once_past(api: Conn) -> None:
+    assert partitions(api) == []  # none until a purge (the schedulers' first turn) makes them
+    assert purge(api, now=NOW) == (0, 0)
+    made = partitions(api)
+    day = timedelta(days=1)
+    # a day each, from the day of NOW, contiguous, past NOW + 30 days (failures) + a day
+    assert made[0][0] == datetime(2030, 6, 1, tzinfo=UTC) and all(u - lo == day for lo, u in made)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(made))
+    assert made[-1][1] >= NOW + days(31) > made[-1][0]
+    policy = one(api, "SELECT partitions_from, partitions_until FROM pgsched.history_policy")
+    assert (policy["partitions_from"], policy["partitions_until"]) == (made[0][0], made[-1][1])
+    # a second purge makes nothing new; a week later the week's partitions are dropped, and as
+    # many made ahead
+    assert one(api, "SELECT * FROM pgsched.purge_history(now => %s)", (NOW,))["partitions"] == 0
+    assert partitions(api) == made
+    assert one(api, "SELECT * FROM pgsched.purge_history(now => %s)", (NOW + days(7),))["partitions"] == 7
+    later = partitions(api)
+    assert later[0] == made[7] and later[-1][1] >= NOW + days(38)
+    assert one(api, "SELECT partitions_from FROM pgsched.history_policy")["partitions_from"] == made[7][0]
+
+
+def test_a_close_moves_the_row_to_the_partition_of_its_end_of_retention_which_goes_whole(api: Conn) -> None:
+    now = scalar(api, "SELECT now()")
+    purge(api, now=now)
+    ok = add_job(api, "'ok_fn', '1 hour'")
+    bad = add_job(api, "'bad_fn', '1 hour'")
+    own = add_job(api, "'ok_fn', '1 hour', success_retention => '2 days'")
+    far = add_job(api, "'ok_fn', '1 hour', success_retention => '90 days'")  # past the partitions made
+    for job_id in (ok, own, far):
+        api.execute("CALL pgsched.run_job(%s)", (job_id,))
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        api.execute("CALL pgsched.run_job(%s)", (bad,))
+    run = {j: int(scalar(api, "SELECT max(run_id) FROM pgsched.job_run WHERE job_id = %s", (j,)))
+           for j in (ok, bad, own, far)}
+    finished = {j: scalar(api, "SELECT finished_at FROM pgsched.job_run WHERE run_id = %s", (r,))
+                for j, r in run.items()}
+    for job_id, keep in ((ok, days(7)), (bad, days(30)), (own, days(2))):
+        table, until = where(api, run[job_id])
+        assert until == finished[job_id] + keep
+        assert table.startswith("pgsched.job_run_2") and table != "pgsched.job_run_live"
+    assert where(api, run[far]) == ("pgsched.job_run_live", None)
+    # job_history reads them all, under the reader's row-level security as before
+    assert sorted(r["run_id"] for r in rows(api, "SELECT run_id FROM pgsched.job_history")) == sorted(run.values())
+    # eight days on: the success's partition is dropped whole; the failure's stays; the row kept
+    # past the partitions goes by the purge's batch once its own 90 days are past
+    got = one(api, "SELECT * FROM pgsched.purge_history(now => %s)", (now + days(8),))
+    assert got["partitions"] >= 7 and got["runs"] == 0
+    assert sorted(r["run_id"] for r in rows(api, "SELECT run_id FROM pgsched.job_run")) == sorted(
+        [run[bad], run[far]])
+    assert purge(api, now=now + days(91))[0] == 1
+    assert rows(api, "SELECT run_id FROM pgsched.job_run") == []
+    # the counters stay
+    assert stats(api, ok)["total_successes"] == 1 and stats(api, bad)["total_failures"] == 1
+
+
+def test_rows_that_keep_a_run_from_happening_twice_stay_in_the_live_table(api: Conn) -> None:
+    purge(api, now=scalar(api, "SELECT now()"))
+    job_id = add_job(api, "'ok_fn', '1 hour'")
+    # a run trigger_job started on a scheduler (it has an instance), as _start_manual_v2 marks it
+    instance = scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'v', 1)")
+    manual = scalar(api, "SELECT pgsched._mark_start(%s, now(), 'manual', 1, 1, %s, 1)", (job_id, instance))
+    api.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (manual,))
+    assert where(api, manual) == ("pgsched.job_run_live", None)
+    restart = add_job(api, "'ok_fn', '@restart'")
+    plan = scalar(api, "SELECT pg_postmaster_start_time()")
+    run = scalar(api, "SELECT pgsched._mark_start(%s, %s, 'schedule')", (restart, plan))
+    api.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (run,))
+    assert where(api, run) == ("pgsched.job_run_live", None)
+    # ... which is what passes over the server start it ran for (the claim's key)
+    assert scalar(api, "SELECT pgsched._arm_restart_jobs()") == 0
+
+
+@pytest.mark.parametrize(("width", "message"), [
+    ("0.5 seconds", "invalid partition: 00:00:00.5 is less than a second"),
+    ("1 month", "invalid partition: 1 mon is in months"),
+])
+def test_a_bad_partition_width_is_refused_and_nothing_written(api: Conn, width: str, message: str) -> None:
+    before = rows(api, "SELECT * FROM pgsched.history_policy")
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as e:
+        api.execute("SELECT pgsched.set_retention(partition => %s::interval)", (width,))
+    assert message in str(e.value) and "'1 day'" in str(e.value)
+    assert rows(api, "SELECT * FROM pgsched.history_policy") == before
+
+
+def test_a_narrower_width_applies_to_the_partitions_made_after(api: Conn) -> None:
+    api.execute("SELECT pgsched.set_retention(success => '1 minute', failure => '2 minutes', partition => '30 s')")
+    assert scalar(api, "SELECT value FROM pgsched.settings WHERE name = 'partition_width'") == "00:00:30"
+    purge(api, now=NOW)
+    made = partitions(api)
+    assert made[0][0] == NOW and all(u - lo == timedelta(seconds=30) for lo, u in made)
+    assert len(made) == 5  # two minutes and a width beyond NOW
+
+
+def test_two_sessions_taking_partition_steps_at_once_one_gives_way(api: Conn, db: str) -> None:
+    purge(api, now=NOW)
+    made = partitions(api)
+    steps = rows(api, "SELECT * FROM pgsched._history_steps(%s)", (NOW + days(1),))
+    assert [(s["step"], s["lower"]) for s in steps] == [("drop", made[0][0]), ("create", made[-1][1])]
+    drop, create = steps
+    call = "SELECT pgsched._history_step(%(step)s, %(name)s, %(lower)s, %(upper)s)"
+    with psycopg.connect(db) as first, psycopg.connect(db, autocommit=True) as second:
+        second.execute("SET lock_timeout = '5s'")
+        assert scalar(first, call, create) is True  # its transaction open: job_run_live's lock held
+        began = datetime.now(UTC)
+        # the same step and another, each given up after the step's own lock wait (50 ms)
+        assert (scalar(second, call, create), scalar(second, call, drop)) == (False, False)
+        assert datetime.now(UTC) - began < timedelta(seconds=1)
+        first.commit()
+        # the step another session took is not taken twice; the one left is taken now
+        assert (scalar(second, call, create), scalar(second, call, drop)) == (False, True)
+    assert partitions(api) == [*made[1:], (create["lower"], create["upper"])]
