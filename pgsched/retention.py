@@ -43,7 +43,6 @@ class Purger:
         self._conn: psycopg.Connection[Any] | None = None
         self.turns = 0  # purges this instance ran (tests, the stats line)
         self.runs_purged = 0
-        self.partitions_dropped = 0
 
     def start(self) -> None:
         if self._thread is not None:
@@ -117,7 +116,6 @@ class Purger:
                 break
         self.turns += 1
         self.runs_purged += runs
-        self.partitions_dropped += dropped
         log.info("history purged: %d partition(s) dropped and %d made%s, %d run(s) and %d stopped instance(s) "
                  "past their retention deleted in %d batch(es), the longest %.1f ms", dropped, made,
                  " (the rest left to the next turn: a lock was busy)" if deferred else "", runs, instances,

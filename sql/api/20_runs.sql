@@ -171,10 +171,10 @@ BEGIN
                                  -pg_catalog.make_interval(secs => e.schedule_delay_s)), j.schedule_delay)
                         ELSE e.next_start END AS next_start,
                    j.scheduled, jr.concurrency_key, j.schedule = '@after' AS after_upstreams, j.schedule_delay,
-                   j.history,
-                   -- where the row goes (migration 0015): a partition of job_run by the end of its retention
-                   pgsched._kept(j.history, e.outcome)
-                   AND NOT pgsched._kept_in_place(jr.trigger, jr.instance_id, j.schedule, jr.scope) AS moves,
+                   -- whether the job's history level keeps the row, and if so whether it moves to the
+                   -- partition of job_run of its end of retention (migration 0015)
+                   pgsched._kept(j.history, e.outcome) AS kept,
+                   NOT pgsched._kept_in_place(jr.trigger, jr.instance_id, j.schedule, jr.scope) AS movable,
                    pgsched._retention(e.outcome, j.success_retention, j.failure_retention, policy.success_retention,
                                       policy.failure_retention) AS retention
               FROM pgsched.job_run_live jr
@@ -189,7 +189,7 @@ BEGIN
             UPDATE pgsched.job_run jr
                SET finished_at = r.fin, outcome = r.outcome, sqlstate = r.sqlstate, message = r.message,
                    rows_affected = r.rows_affected, result = r.result,
-                   keep_until = CASE WHEN r.moves THEN pgsched._keep_until(r.fin, r.retention, policy.partitions_from,
+                   keep_until = CASE WHEN r.kept AND r.movable THEN pgsched._keep_until(r.fin, r.retention, policy.partitions_from,
                                                                           policy.partitions_until) END
               FROM r
              WHERE jr.run_id = r.run_id AND jr.keep_until IS NULL
@@ -269,7 +269,7 @@ BEGIN
         )
         SELECT r.run_id, r.job_id, r.scope, r.outcome, b.state AS old_state, a.state AS new_state,
                coalesce(a.disable, false) AS disable, r.attempt, r.plan_time, r.concurrency_key, r.fin,
-               NOT pgsched._kept(r.history, r.outcome) AS drop_row
+               NOT r.kept AS drop_row
           FROM r
           LEFT JOIN before b ON b.job_id = r.job_id
           LEFT JOIN after a ON a.job_id = r.job_id

@@ -74,7 +74,8 @@ BEGIN
        OR pg_catalog.date_part('year', set_retention.partition) <> 0 THEN
         PERFORM pgsched._bad_arg('partition', format('%s is %s', set_retention.partition,
                                                            CASE WHEN set_retention.partition < interval '1 second'
-                                                                THEN 'less than a second' ELSE 'in months' END),
+                                                                THEN 'less than a second'
+                                                                ELSE 'in months or years' END),
                                  'a duration of a second or more in days, hours, minutes or seconds such as '
                                  || '''1 day'' (how much of the rows'' ends of retention one partition of job_run '
                                  || 'covers), or NULL to keep the current one');
