@@ -1,6 +1,7 @@
 """History at full throughput with and without retention (issue 12, README "History and retention").
 
     ./dev bench retention [--seconds 600] [--retention 60] [--partition 10] [--purge-interval 10] [--rounds 1]
+                        [--log-over 1]
 
 Each round runs the throughput load of `./dev bench scheduler throughput` (400 trivial function jobs
 always due, `serve --max-workers 8`, a fresh cluster) twice, in turn: without retention (the
@@ -14,8 +15,17 @@ For each it prints:
 * with retention: the purges (from the scheduler's log), the partitions they dropped, their
   longest partition step (an attach or a drop: about the time it held job_run_live's lock) and
   their longest batch (which holds the row locks of the runs it deletes until its commit);
-* the claim's and the close's statements as the server timed them (pg_stat_statements: calls,
-  mean, standard deviation and max; it keeps no percentiles, so the max stands for the p99).
+* the claim's and the close's statements as the server timed them: calls, mean and max from
+  pg_stat_statements, and p50/p99 from the server's log, which logs every statement slower than
+  --log-over ms (`log_min_duration_statement`): the k-th slowest of n calls is exact as long as
+  k <= the statements logged, otherwise the percentile is below --log-over (printed as "<");
+* the partition steps' statements (ATTACH PARTITION, DROP TABLE, nested in pgsched._history_step:
+  `pg_stat_statements.track = all`): calls and max. Each takes job_run_live's lock (and a drop
+  job_run's) and holds it until its transaction commits, right after;
+* the longest any session waited for a lock, as the server logged it (`log_lock_waits`,
+  `deadlock_timeout` 5 ms: every wait longer than 5 ms is logged with its length), by statement.
+
+Both runs of a pair log and track alike, so their cost is in both.
 
 One JSON object per run, then one line comparing the two.
 """
@@ -24,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -40,11 +52,14 @@ def successes(conn: psycopg.Connection[Any]) -> int:
 
 
 STATEMENTS = {"claim": "%pgsched._claim_v2(%", "close": "%pgsched._close_runs(%"}
+STEPS = {"attach": "ALTER TABLE pgsched.job_run ATTACH PARTITION%", "drop": "DROP TABLE pgsched.job_run\\_%"}
+DURATION = re.compile(r"duration: ([0-9.]+) ms\s+execute [^:]*: (.*)$")
+ACQUIRED = re.compile(r"process (\d+) acquired (\w+) on (.+?) after ([0-9.]+) ms")
 
 
 def statement_times(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, pattern in STATEMENTS.items():
+    for name, pattern in {**STATEMENTS, **STEPS}.items():
         r = conn.execute("SELECT sum(calls), sum(calls * mean_exec_time) / nullif(sum(calls), 0), "
                          "max(stddev_exec_time), max(max_exec_time) FROM pg_stat_statements "
                          "WHERE query LIKE %s", (pattern,)).fetchone()
@@ -54,10 +69,48 @@ def statement_times(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return out
 
 
-def one_run(seconds: float, retention_s: float | None, partition_s: float, purge_interval: float) -> dict[str, Any]:
+def percentile(slow: list[float], calls: int, q: float, floor_ms: float) -> float | str:
+    """The q-quantile of `calls` durations of which `slow` are all those above floor_ms."""
+    k = max(1, math.ceil((1 - q) * calls))  # the k-th slowest
+    ranked = sorted(slow, reverse=True)
+    return round(ranked[k - 1], 2) if k <= len(ranked) else f"<{floor_ms}"
+
+
+def server_log(path: Path, offset: int, timed: dict[str, Any], floor_ms: float) -> dict[str, Any]:
+    """The claim's and the close's p50/p99 and the lock waits, from the server's log after `offset`."""
+    slow: dict[str, list[float]] = {name: [] for name in STATEMENTS}
+    waits: list[tuple[float, str, str]] = []
+    lines = path.read_bytes()[offset:].decode(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if m := DURATION.search(line):
+            for name, pattern in STATEMENTS.items():
+                if pattern.strip("%") in m.group(2):
+                    slow[name].append(float(m.group(1)))
+        elif m := ACQUIRED.search(line):
+            statement = next((x.split("STATEMENT:", 1)[1].strip()[:80] for x in lines[i + 1:i + 4]
+                              if "STATEMENT:" in x), "?")
+            waits.append((float(m.group(4)), m.group(2), statement))
+    out: dict[str, Any] = {}
+    for name in STATEMENTS:
+        calls = timed[name]["calls"]
+        out[name] = {**timed[name], "p50_ms": percentile(slow[name], calls, 0.5, floor_ms),
+                     "p99_ms": percentile(slow[name], calls, 0.99, floor_ms)}
+    out.update({name: timed[name] for name in STEPS})
+    waits.sort(reverse=True)
+    out["lock_waits_over_5ms"] = len(waits)
+    out["lock_waits_over_50ms"] = sum(1 for w in waits if w[0] > 50)
+    out["longest_lock_waits"] = [{"ms": w[0], "lock": w[1], "statement": w[2]} for w in waits[:3]]
+    return out
+
+
+def one_run(seconds: float, retention_s: float | None, partition_s: float, purge_interval: float,
+            log_over_ms: float) -> dict[str, Any]:
     config = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".toml")[1])
     config.write_text(f"purge_interval = {purge_interval if retention_s is not None else 0}\n")
-    with cluster(settings={"shared_preload_libraries": "pg_stat_statements"}) as (c, dsn):
+    settings = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all",
+                "log_min_duration_statement": f"'{log_over_ms}ms'", "log_lock_waits": "on",
+                "deadlock_timeout": "'5ms'"}
+    with cluster(settings=settings) as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION pg_stat_statements")
@@ -70,6 +123,7 @@ def one_run(seconds: float, retention_s: float | None, partition_s: float, purge
             wait_for_log(log, "ready:", 30)
             time.sleep(2)
             conn.execute("SELECT pg_stat_statements_reset()")
+            log_from = c.logfile.stat().st_size
             pm = c.postmaster_pid()
             assert pm is not None
             n0, t0, a0 = successes(conn), time.monotonic(), tree_cpu_seconds(proc.pid, pm)
@@ -84,7 +138,7 @@ def one_run(seconds: float, retention_s: float | None, partition_s: float, purge
                 peak_rows, peak_bytes = max(peak_rows, int(r[0])), max(peak_bytes, int(r[1]))
             n1, t1, a1 = successes(conn), time.monotonic(), tree_cpu_seconds(proc.pid, pm)
             end_rows = conn.execute("SELECT count(*) FROM pgsched.job_run").fetchone()
-            timed = statement_times(conn)
+            timed = server_log(c.logfile, log_from, statement_times(conn), log_over_ms)
         purges = [json.loads(line) for line in log.read_text().splitlines()
                   if line.startswith("{") and "history purged" in line]
     config.unlink()
@@ -110,12 +164,14 @@ def main() -> None:
     ap.add_argument("--partition", type=float, default=10.0, help="partition width, s (default 10)")
     ap.add_argument("--purge-interval", type=float, default=10.0, help="serve's purge_interval, s (default 10)")
     ap.add_argument("--rounds", type=int, default=1, help="pairs of runs, without then with (default 1)")
+    ap.add_argument("--log-over", type=float, default=1.0,
+                    help="the server logs the statements slower than this, ms (default 1)")
     args = ap.parse_args()
     results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for _ in range(args.rounds):
         for with_retention in (False, True):
             r = one_run(args.seconds, args.retention if with_retention else None, args.partition,
-                        args.purge_interval)
+                        args.purge_interval, args.log_over)
             results[with_retention].append(r)
             print(json.dumps(r), flush=True)
     mean = {k: sum(r["runs_per_s"] for r in v) / len(v) for k, v in results.items()}
