@@ -1,12 +1,17 @@
 """History at full throughput with and without retention (issue 12, README "History and retention").
 
     ./dev bench retention [--seconds 600] [--retention 60] [--partition 10] [--purge-interval 10] [--rounds 1]
-                        [--log-over 1]
+                        [--without defaults|off] [--log-over 1]
 
 Each round runs the throughput load of `./dev bench scheduler throughput` (400 trivial function jobs
-always due, `serve --max-workers 8`, a fresh cluster) twice, in turn: without retention (the
-schedulers' purge off, `purge_interval = 0`) and with it (`set_retention` of --retention seconds
-for every outcome and partitions of --partition seconds, the purge every --purge-interval seconds).
+always due, `serve --max-workers 8`, a fresh cluster) twice, in turn: without retention, and with it
+(`set_retention` of --retention seconds for every outcome and partitions of --partition seconds,
+the purge every --purge-interval seconds).
+"Without" is, with --without defaults (the default), the default policy (7 and 30 days, partitions
+of a day): the purge runs as often and makes the partitions, every close moves its row into one,
+and nothing is old enough to go within the run, so it is retention's pruning that is compared;
+with --without off, the schedulers' purge is off (`purge_interval = 0`): no partition is made and
+every row stays in job_run_live, as in release 0.1.0.
 For each it prints:
 
 * runs/s, counted from job_stat (the counters retention does not remove), and CPU per run of the
@@ -104,9 +109,10 @@ def server_log(path: Path, offset: int, timed: dict[str, Any], floor_ms: float) 
 
 
 def one_run(seconds: float, retention_s: float | None, partition_s: float, purge_interval: float,
-            log_over_ms: float) -> dict[str, Any]:
+            log_over_ms: float, without: str) -> dict[str, Any]:
     config = Path(tempfile.mkstemp(prefix="pgsched-bench-", suffix=".toml")[1])
-    config.write_text(f"purge_interval = {purge_interval if retention_s is not None else 0}\n")
+    purge_off = retention_s is None and without == "off"
+    config.write_text(f"purge_interval = {0 if purge_off else purge_interval}\n")
     settings = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all",
                 "log_min_duration_statement": f"'{log_over_ms}ms'", "log_lock_waits": "on",
                 "deadlock_timeout": "'5ms'"}
@@ -144,7 +150,8 @@ def one_run(seconds: float, retention_s: float | None, partition_s: float, purge
     config.unlink()
     longest = [p["longest_batch_ms"] for p in purges if p.get("runs")]
     return {
-        "retention_s": retention_s, "seconds": round(t1 - t0, 1), "runs_per_s": round((n1 - n0) / (t1 - t0), 1),
+        "retention_s": retention_s, "purge": not purge_off, "seconds": round(t1 - t0, 1),
+        "runs_per_s": round((n1 - n0) / (t1 - t0), 1),
         "cpu_us_per_run": round(1e6 * (a1 - a0) / max(n1 - n0, 1), 1),
         "peak_job_run_rows": peak_rows, "peak_job_run_mb": round(peak_bytes / 2**20, 1),
         "job_run_rows_at_end": int(end_rows[0]) if end_rows else None,
@@ -164,6 +171,9 @@ def main() -> None:
     ap.add_argument("--partition", type=float, default=10.0, help="partition width, s (default 10)")
     ap.add_argument("--purge-interval", type=float, default=10.0, help="serve's purge_interval, s (default 10)")
     ap.add_argument("--rounds", type=int, default=1, help="pairs of runs, without then with (default 1)")
+    ap.add_argument("--without", choices=["defaults", "off"], default="defaults",
+                    help="the run without retention: the default policy (partitions made, nothing dropped "
+                         "within the run) or the purge off (every row stays in job_run_live)")
     ap.add_argument("--log-over", type=float, default=1.0,
                     help="the server logs the statements slower than this, ms (default 1)")
     args = ap.parse_args()
@@ -171,7 +181,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for with_retention in (False, True):
             r = one_run(args.seconds, args.retention if with_retention else None, args.partition,
-                        args.purge_interval, args.log_over)
+                        args.purge_interval, args.log_over, args.without)
             results[with_retention].append(r)
             print(json.dumps(r), flush=True)
     mean = {k: sum(r["runs_per_s"] for r in v) / len(v) for k, v in results.items()}
