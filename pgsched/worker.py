@@ -24,6 +24,7 @@ marks start and end, so a worker that dies needs no clean-up of its own.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import select
@@ -74,11 +75,27 @@ def _emit(out: IO[str], event: protocol.Event) -> None:
         os._exit(EXIT_LOST)
 
 
-def _call(msg: dict[str, Any]) -> sql.Composed:
-    """proc(job_id, config) with the proc's name quoted as identifiers."""
-    return sql.SQL("{}.{}(%s::integer, %s::jsonb)").format(
-        sql.Identifier(msg["proc_schema"]), sql.Identifier(msg["proc_name"])
-    )
+# The run's set-up: application_name names the run in pg_stat_activity; pgsched.run_id,
+# pgsched.plan_time and pgsched.scope let the job's SQL know which planned run it is
+# (current_setting()), e.g. to process exactly the period its plan time closes. DISCARD ALL
+# clears them. The values are bound parameters, so the statement's text is the same at every
+# run and psycopg converts it once (composing it per run cost a trivial run a third of the
+# worker's CPU).
+SET_UP = ("pg_catalog.set_config('application_name', %s, false), pg_catalog.set_config('pgsched.run_id', %s, false), "
+          "pg_catalog.set_config('pgsched.plan_time', %s, false), pg_catalog.set_config('pgsched.scope', %s, false)")
+
+
+def _set_up_values(msg: dict[str, Any]) -> tuple[str, str, str, str]:
+    """SET_UP's parameters for a run (its role is the session's: see Session)."""
+    return str(msg["app"]), str(msg["run_id"]), str(msg["plan_time"]), str(msg.get("scope") or "")
+
+
+@functools.lru_cache(maxsize=1024)
+def _call(proc_schema: str, proc_name: str, prefix: str) -> bytes:
+    """`prefix` proc(job_id, config), the proc's name quoted as identifiers: kept per proc, a job's
+    statement is the same text at every run."""
+    return sql.SQL("{} {}.{}(%s::integer, %s::jsonb)").format(
+        sql.SQL(prefix), sql.Identifier(proc_schema), sql.Identifier(proc_name)).as_bytes(None)
 
 
 def _params(msg: dict[str, Any]) -> tuple[Any, ...]:
@@ -86,22 +103,11 @@ def _params(msg: dict[str, Any]) -> tuple[Any, ...]:
     return (msg["job_id"], None if config is None else Jsonb(config))
 
 
-def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | sql.Composed, tuple[Any, ...] | None]:
+def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | bytes, tuple[Any, ...] | None]:
     """The statement that runs a job: CALL/SELECT proc(job_id, config), or the command text."""
     if msg["kind"] == "command":
         return sql.SQL(msg["command"]), None
-    return sql.SQL("CALL " if msg["is_procedure"] else "SELECT ") + _call(msg), _params(msg)
-
-
-def _session_settings(msg: dict[str, Any]) -> list[tuple[str, str]]:
-    """(setting, value) a run needs (its role is the session's: see Session).
-
-    application_name names the run in pg_stat_activity; pgsched.run_id, pgsched.plan_time
-    and pgsched.scope let the job's SQL know which planned run it is (current_setting()),
-    e.g. to process exactly the period its plan time closes. DISCARD ALL clears them.
-    """
-    return [("application_name", str(msg["app"])), ("pgsched.run_id", str(msg["run_id"])),
-            ("pgsched.plan_time", str(msg["plan_time"])), ("pgsched.scope", str(msg.get("scope") or ""))]
+    return _call(msg["proc_schema"], msg["proc_name"], "CALL" if msg["is_procedure"] else "SELECT"), _params(msg)
 
 
 class Session:
@@ -173,15 +179,12 @@ def _wait_for_start(msg: dict[str, Any]) -> None:
 def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob.Heartbeat) -> Done:
     """Execute one run; the result message for the parent."""
     run_id = int(msg["run_id"])
-    settings = _session_settings(msg)
-    setters = sql.SQL(", ").join(
-        sql.SQL("pg_catalog.set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings
-    )
+    set_up = _set_up_values(msg)
     if msg.get("scope_query"):
-        return _fan_out(conn, msg, run_id, setters)
+        return _fan_out(conn, msg, run_id, set_up)
     if msg["kind"] == "python":
         try:
-            conn.execute(sql.SQL("SELECT {}").format(setters))
+            conn.execute("SELECT " + SET_UP, set_up)
         except psycopg.Error as e:
             return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
                         message=protocol.cap(e.diag.message_primary or str(e)))
@@ -192,11 +195,12 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
         inline = msg["kind"] == "proc" and not msg["is_procedure"]
         if not inline:
             # CALL and command text cannot carry the set-up: it takes its own round trip.
-            conn.execute(sql.SQL("SELECT {}").format(setters))
+            conn.execute("SELECT " + SET_UP, set_up)
         _wait_for_start(msg)
         if inline:
             # One round trip for a function job: the set-up is evaluated before the call.
-            stmt = sql.SQL("SELECT {}, {}").format(setters, _call(msg))
+            stmt, params = _call(msg["proc_schema"], msg["proc_name"], "SELECT " + SET_UP + ","), \
+                (*set_up, *(params or ()))
         conn.execute(stmt, params)
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             # A command like 'BEGIN; UPDATE ...' left its transaction open: nothing of it is
@@ -210,7 +214,7 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     return Done(run_id, ok=True)
 
 
-def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, setters: sql.Composable) -> Done:
+def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, set_up: tuple[str, ...]) -> Done:
     """The plan run of a scoped job: read its scope keys, as its owner, in a read-only transaction.
 
     The query is wrapped as a subquery, so it must be one query returning rows; the first
@@ -221,7 +225,7 @@ def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, se
         sql.SQL(msg["scope_query"]), sql.Literal(MAX_SCOPES + 1))
     try:
         with conn.transaction():
-            conn.execute(sql.SQL("SELECT {}").format(setters))
+            conn.execute("SELECT " + SET_UP, set_up)
             conn.execute("SET TRANSACTION READ ONLY")
             _wait_for_start(msg)
             # Prepared, i.e. the extended protocol, which takes exactly one statement: a query that

@@ -129,3 +129,30 @@ def test_a_job_whose_worker_dies_is_aborted_by_the_server(db: str, conn: Conn) -
         assert conn.execute("SELECT count(*) FROM ran").fetchone() == (0,)  # rolled back, not committed
     finally:
         launcher.reap(w, timeout=5)
+
+
+def test_a_function_run_sees_its_set_up_whatever_its_values_hold(db: str, conn: Conn) -> None:
+    """The run's set-up travels as bound parameters: a scope key with '%' and quotes (a tenant's
+    name, say) reaches the job as it is, and a second run of the same function with other values
+    (the statement's text kept by the worker) sees its own."""
+    conn.execute("CREATE TABLE seen (run_id text, plan_time text, scope text, app text)")
+    conn.execute("""CREATE FUNCTION public.note(job_id int, config jsonb) RETURNS void LANGUAGE sql AS $$
+                    INSERT INTO seen VALUES (current_setting('pgsched.run_id'), current_setting('pgsched.plan_time'),
+                                             current_setting('pgsched.scope'), current_setting('application_name'))
+                    $$""")
+    w, _, role = connected_worker(db, conn)
+    try:
+        for run_id, scope in ((7, "50%off 'a' %s \"b\""), (8, "")):
+            w.send({"run_id": run_id, "job_id": 1, "kind": "proc", "owner": role, "proc_schema": "public",
+                    "proc_name": "note", "is_procedure": False, "config": {"x": "%s"},
+                    "app": f"pgsched job 1 run {run_id} lease 1", "job_name": "t",
+                    "plan_time": "2026-01-01T00:00:00+00:00", "lease_token": 1, "scope": scope,
+                    "scope_query": None, "start_at": 0})
+            done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+            assert done[-1].ok is True, done
+        assert conn.execute("SELECT * FROM seen ORDER BY run_id").fetchall() == [
+            ("7", "2026-01-01T00:00:00+00:00", "50%off 'a' %s \"b\"", "pgsched job 1 run 7 lease 1"),
+            ("8", "2026-01-01T00:00:00+00:00", "", "pgsched job 1 run 8 lease 1")]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
