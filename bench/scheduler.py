@@ -7,6 +7,7 @@
     ./dev bench scheduler scale       100,000 jobs: time to ready and RSS
     ./dev bench scheduler startup     from `serve` to the first runs of 16 jobs already due (5 starts)
     ./dev bench scheduler mixed       200 SQL jobs and 200 Python handlers: runs/s of each
+    ./dev bench scheduler scopes      one sharded job's plan fanning out to 10,000 scope runs, --max-workers 8
     ./dev bench scheduler all
     ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
 
@@ -205,6 +206,37 @@ def burst() -> dict[str, Any]:
     assert row is not None
     return {"scenario": "burst", "started": row[0], "last_start_after_s": round(float(row[1]), 3),
             "first_start_after_s": round(float(row[2]), 4), "target": "all 1000 started, the last within 2 s"}
+
+
+def scopes(n: int = 10_000) -> dict[str, Any]:
+    """One sharded job whose plan fans out to n scope runs, each inserting a row (issue 13: all
+    started within 3.5 s of the plan time)."""
+    with cluster() as (_, dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_scope (scope text, at timestamptz DEFAULT clock_timestamp())")
+            conn.execute("CREATE FUNCTION public.mark_scope(job_id int, config jsonb) RETURNS void LANGUAGE sql "
+                         "AS $$INSERT INTO bench_scope (scope) VALUES (current_setting('pgsched.scope'))$$")
+            plan = conn.execute("SELECT date_trunc('second', now()) + interval '4 s'").fetchone()
+            assert plan is not None
+            conn.execute("SELECT pgsched.add_job('mark_scope', interval '1 hour', initial_start => %s, "
+                         "scope_query => %s)", (plan[0], f"SELECT g FROM generate_series(1, {n}) g"))
+        with serve(dsn, "--max-workers", "8"), psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                row = conn.execute("SELECT count(*) FROM bench_scope").fetchone()
+                if row and row[0] >= n:
+                    break
+                time.sleep(0.2)
+            row = conn.execute(
+                "SELECT count(DISTINCT scope), extract(epoch FROM max(at) - %(p)s), "
+                "extract(epoch FROM min(at) - %(p)s), "
+                "(SELECT extract(epoch FROM r.finished_at - %(p)s) FROM pgsched.job_run r WHERE r.scope = '') "
+                "FROM bench_scope", {"p": plan[0]}).fetchone()
+    assert row is not None
+    return {"scenario": "scopes", "scope_runs": n, "started": row[0], "last_start_after_s": round(float(row[1]), 3),
+            "first_start_after_s": round(float(row[2]), 3),
+            "keys_read_after_s": None if row[3] is None else round(float(row[3]), 3),
+            "target": f"all {n} scope runs started within 3.5 s (issue 13)"}
 
 
 def priority() -> dict[str, Any]:
@@ -470,7 +502,7 @@ def datetime_epoch(rec: dict[str, Any]) -> float:
 
 
 SCENARIOS = {"lag": lag, "burst": burst, "throughput": throughput, "idle": idle, "scale": scale, "mixed": mixed,
-             "priority": priority, "ageing": ageing, "startup": startup}
+             "priority": priority, "ageing": ageing, "startup": startup, "scopes": scopes}
 
 
 def main() -> None:
