@@ -20,10 +20,15 @@ from typing import Any
 
 import psycopg
 
+import pgsched
 from pgsched import migrate
 from pgsched.embedded import Cluster
 
 PGSCHED = str(Path(sys.executable).parent / "pgsched")
+# The tree whose pgsched this bench imported (PYTHONPATH picks a worktree for a before/after).
+# `serve` runs there: its workers are `python -m pgsched.worker`, which imports from the working
+# directory first, so from anywhere else they would run that directory's code, not the tree's.
+TREE = Path(pgsched.__file__).resolve().parent.parent
 
 
 @contextmanager
@@ -55,7 +60,7 @@ def spawn_serve(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
     """Start `pgsched serve` with JSON logs written to `log`; the caller stops it."""
     with open(log, "wb") as f:
         return subprocess.Popen([PGSCHED, "serve", "--dsn", dsn, "--log-format", "json", "--log-level", "info",
-                                 *args], stderr=f, stdout=subprocess.DEVNULL)
+                                 *args], stderr=f, stdout=subprocess.DEVNULL, cwd=TREE)
 
 
 def stop_serve(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:

@@ -1,0 +1,84 @@
+"""Where a trivial run's CPU goes (issue 13: at most 0.6 ms a run, all processes counted).
+
+    ./dev bench cpu_split [--workers 8] [--seconds 20] [--rounds 1]
+
+The throughput load of `./dev bench scheduler throughput` (400 trivial function jobs always due,
+a fresh cluster, `serve --max-workers N`); over --seconds, the CPU (user + system, from /proc) of
+each process a run involves, per run: the scheduler process, its workers, the scheduler's
+backend (its claims and closes), the workers' backends (the jobs, their set-up and the session
+reset) and PostgreSQL's other processes (the WAL writer, autovacuum, the purge's session). Runs
+are counted from job_stat. One JSON object per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import psycopg
+from common import children, cluster, cpu_seconds, serve, wait_for_log
+from scheduler import add_jobs
+
+PARTS = ("scheduler", "workers", "scheduler_backend", "worker_backends", "postgres_other")
+
+
+def cpu_by_part(conn: psycopg.Connection[Any], scheduler_pid: int, postmaster_pid: int) -> dict[str, float]:
+    out = dict.fromkeys(PARTS, 0.0)
+    out["scheduler"] = cpu_seconds(scheduler_pid)
+    for pid in children(scheduler_pid):
+        out["workers"] += seconds_or_zero(pid)
+    apps = {int(r[0]): str(r[1] or "") for r in conn.execute("SELECT pid, application_name FROM pg_stat_activity")}
+    for pid in children(postmaster_pid):
+        app = apps.get(pid, "")
+        part = ("scheduler_backend" if app == "pgsched scheduler"
+                # a worker's backend is named after its run while it runs one (pgsched.protocol.run_app_name)
+                else "worker_backends" if app == "pgsched worker idle" or app.startswith("pgsched job ")
+                else "postgres_other")
+        out[part] += seconds_or_zero(pid)
+    return out
+
+
+def seconds_or_zero(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # it ended between the listing and the read
+
+
+def one_round(workers: int, seconds: float) -> dict[str, Any]:
+    with cluster() as (c, dsn):
+        add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
+        with serve(dsn, "--max-workers", str(workers)) as (proc, log), \
+                psycopg.connect(dsn, autocommit=True) as conn:
+            wait_for_log(log, "ready:", 30)
+            time.sleep(2)
+            pm = c.postmaster_pid()
+            assert pm is not None
+
+            def runs() -> int:
+                row = conn.execute("SELECT coalesce(sum(total_successes), 0) FROM pgsched.job_stat").fetchone()
+                return int(row[0]) if row else 0
+
+            n0, t0, c0 = runs(), time.monotonic(), cpu_by_part(conn, proc.pid, pm)
+            time.sleep(seconds)
+            n1, t1, c1 = runs(), time.monotonic(), cpu_by_part(conn, proc.pid, pm)
+    n = max(n1 - n0, 1)
+    per_run = {f"{k}_us": round(1e6 * (c1[k] - c0[k]) / n, 1) for k in PARTS}
+    return {"workers": workers, "runs_per_s": round(n / (t1 - t0), 1), **per_run,
+            "total_us": round(sum(per_run.values()), 1), "target_total_us": 600}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=8, help="serve --max-workers (default 8)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="length of the measure (default 20)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds, each on a fresh cluster (default 1)")
+    args = ap.parse_args()
+    for _ in range(args.rounds):
+        print(json.dumps(one_round(args.workers, args.seconds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
