@@ -91,11 +91,13 @@ def _set_up_values(msg: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _call(proc_schema: str, proc_name: str, prefix: str) -> bytes:
-    """`prefix` proc(job_id, config), the proc's name quoted as identifiers: kept per proc, a job's
-    statement is the same text at every run."""
-    return sql.SQL("{} {}.{}(%s::integer, %s::jsonb)").format(
-        sql.SQL(prefix), sql.Identifier(proc_schema), sql.Identifier(proc_name)).as_bytes(None)
+def _call(proc_schema: str, proc_name: str, prefix: str) -> str:
+    """`prefix` proc(job_id, config), kept per (proc, prefix): a job's statement is the same text
+    at every run. The proc's name is quoted as identifiers, with a '%' in it doubled: psycopg reads
+    placeholders in the whole text, quoted or not (prefix's own %s are placeholders). Text, not
+    bytes: it is encoded in the session's client encoding, as the name is stored."""
+    name = sql.SQL("{}.{}").format(sql.Identifier(proc_schema), sql.Identifier(proc_name)).as_string(None)
+    return f"{prefix} {name.replace('%', '%%')}(%s::integer, %s::jsonb)"
 
 
 def _params(msg: dict[str, Any]) -> tuple[Any, ...]:
@@ -103,7 +105,7 @@ def _params(msg: dict[str, Any]) -> tuple[Any, ...]:
     return (msg["job_id"], None if config is None else Jsonb(config))
 
 
-def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | bytes, tuple[Any, ...] | None]:
+def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | str, tuple[Any, ...] | None]:
     """The statement that runs a job: CALL/SELECT proc(job_id, config), or the command text."""
     if msg["kind"] == "command":
         return sql.SQL(msg["command"]), None
@@ -230,7 +232,7 @@ def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, se
             _wait_for_start(msg)
             # Prepared, i.e. the extended protocol, which takes exactly one statement: a query that
             # closes the parenthesis and appends '; COMMIT; ...' is refused instead of escaping the
-            # read-only transaction. (psycopg forgets the statement at the DISCARD ALL after the run.)
+            # read-only transaction. (It is deallocated at once, below.)
             conn.prepare_threshold = 0  # prepare=True is ignored while preparing is off (None)
             try:
                 res = conn.execute(query, prepare=True).pgresult

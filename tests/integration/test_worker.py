@@ -156,3 +156,28 @@ def test_a_function_run_sees_its_set_up_whatever_its_values_hold(db: str, conn: 
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
+
+
+def test_a_function_whose_name_holds_percent_signs_is_the_one_called(db: str, conn: Conn) -> None:
+    """psycopg reads placeholders in a statement's whole text, quoted identifiers included: the
+    worker doubles a '%' of the proc's name, so "a%b" runs (not a placeholder error) and "a%%b" is
+    "a%%b" (not "a%b"), as a function and as a procedure."""
+    conn.execute("CREATE TABLE called (name text)")
+    for name in ("a%b", "a%%b", "p%s"):
+        kind = "PROCEDURE" if name.startswith("p") else "FUNCTION"
+        returns = "" if kind == "PROCEDURE" else "RETURNS void"
+        conn.execute(f"CREATE {kind} public.\"{name}\"(job_id int, config jsonb) {returns} LANGUAGE sql "
+                     f"AS $$INSERT INTO called VALUES ('{name}')$$")
+    w, _, role = connected_worker(db, conn)
+    try:
+        for run_id, name in enumerate(("a%%b", "a%b", "p%s"), start=1):
+            w.send({"run_id": run_id, "job_id": 1, "kind": "proc", "owner": role, "proc_schema": "public",
+                    "proc_name": name, "is_procedure": name.startswith("p"), "config": None,
+                    "app": f"pgsched job 1 run {run_id} lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
+                    "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
+            done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+            assert done[-1].ok is True, done
+        assert [r[0] for r in conn.execute("SELECT name FROM called").fetchall()] == ["a%%b", "a%b", "p%s"]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
