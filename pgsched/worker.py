@@ -85,6 +85,10 @@ SET_UP = ("pg_catalog.set_config('application_name', %s, false), pg_catalog.set_
           "pg_catalog.set_config('pgsched.plan_time', %s, false), pg_catalog.set_config('pgsched.scope', %s, false)")
 
 
+# A function job's statement: the set-up, then the call, one round trip.
+INLINE = "SELECT " + SET_UP + ","
+
+
 def _set_up_values(msg: dict[str, Any]) -> tuple[str, str, str, str]:
     """SET_UP's parameters for a run (its role is the session's: see Session)."""
     return str(msg["app"]), str(msg["run_id"]), str(msg["plan_time"]), str(msg.get("scope") or "")
@@ -201,8 +205,7 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
         _wait_for_start(msg)
         if inline:
             # One round trip for a function job: the set-up is evaluated before the call.
-            stmt, params = _call(msg["proc_schema"], msg["proc_name"], "SELECT " + SET_UP + ","), \
-                (*set_up, *(params or ()))
+            stmt, params = _call(msg["proc_schema"], msg["proc_name"], INLINE), (*set_up, *(params or ()))
         conn.execute(stmt, params)
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             # A command like 'BEGIN; UPDATE ...' left its transaction open: nothing of it is

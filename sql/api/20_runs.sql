@@ -189,8 +189,9 @@ BEGIN
             UPDATE pgsched.job_run jr
                SET finished_at = r.fin, outcome = r.outcome, sqlstate = r.sqlstate, message = r.message,
                    rows_affected = r.rows_affected, result = r.result,
-                   keep_until = CASE WHEN r.kept AND r.movable THEN pgsched._keep_until(r.fin, r.retention, policy.partitions_from,
-                                                                          policy.partitions_until) END
+                   keep_until = CASE WHEN r.kept AND r.movable
+                                     THEN pgsched._keep_until(r.fin, r.retention, policy.partitions_from,
+                                                              policy.partitions_until) END
               FROM r
              WHERE jr.run_id = r.run_id AND jr.keep_until IS NULL
             RETURNING jr.run_id

@@ -46,6 +46,15 @@ def insert_run(role: str) -> dict[str, Any]:
             "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0}
 
 
+def function_run(role: str, run_id: int, name: str, *, procedure: bool = False, scope: str = "",
+                 config: Any = None) -> dict[str, Any]:
+    """A run of the function (or procedure) public.<name>(job_id, config), as the scheduler sends it."""
+    return {"run_id": run_id, "job_id": 1, "kind": "proc", "owner": role, "proc_schema": "public",
+            "proc_name": name, "is_procedure": procedure, "config": config,
+            "app": f"pgsched job 1 run {run_id} lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00:00+00:00",
+            "lease_token": 1, "scope": scope, "scope_query": None, "start_at": 0}
+
+
 def ran_on_a_new_session(w: Worker, conn: Conn, old_backend: int | None) -> None:
     """The worker reconnected (a new backend) and ran insert_run's run successfully, once."""
     seen = events(w, protocol.Done)
@@ -143,11 +152,7 @@ def test_a_function_run_sees_its_set_up_whatever_its_values_hold(db: str, conn: 
     w, _, role = connected_worker(db, conn)
     try:
         for run_id, scope in ((7, "50%off 'a' %s \"b\""), (8, "")):
-            w.send({"run_id": run_id, "job_id": 1, "kind": "proc", "owner": role, "proc_schema": "public",
-                    "proc_name": "note", "is_procedure": False, "config": {"x": "%s"},
-                    "app": f"pgsched job 1 run {run_id} lease 1", "job_name": "t",
-                    "plan_time": "2026-01-01T00:00:00+00:00", "lease_token": 1, "scope": scope,
-                    "scope_query": None, "start_at": 0})
+            w.send(function_run(role, run_id, "note", scope=scope, config={"x": "%s"}))
             done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
             assert done[-1].ok is True, done
         assert conn.execute("SELECT * FROM seen ORDER BY run_id").fetchall() == [
@@ -171,10 +176,7 @@ def test_a_function_whose_name_holds_percent_signs_is_the_one_called(db: str, co
     w, _, role = connected_worker(db, conn)
     try:
         for run_id, name in enumerate(("a%%b", "a%b", "p%s"), start=1):
-            w.send({"run_id": run_id, "job_id": 1, "kind": "proc", "owner": role, "proc_schema": "public",
-                    "proc_name": name, "is_procedure": name.startswith("p"), "config": None,
-                    "app": f"pgsched job 1 run {run_id} lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
-                    "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0})
+            w.send(function_run(role, run_id, name, procedure=name.startswith("p")))
             done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
             assert done[-1].ok is True, done
         assert [r[0] for r in conn.execute("SELECT name FROM called").fetchall()] == ["a%%b", "a%b", "p%s"]
