@@ -115,6 +115,7 @@ DECLARE
     ok_plans timestamptz[] := '{}';
     ok_at timestamptz;  -- when the last of them ended: the clock of what is due then
     run_ids bigint[];
+    run_jobs integer[];
     forgotten bigint[] := '{}';
     -- The retention and the partitions' range, read apart: joined into the statement, the policy
     -- table (empty, or one row) counted for hundreds of rows, and the close then read all of
@@ -142,13 +143,14 @@ BEGIN
         run_ids := ARRAY(SELECT (x->>'run_id')::bigint FROM jsonb_array_elements(ends) x);
         -- The runs first, as the statement below and a takeover (_take_over_v2) lock them: run, then
         -- its job's row.
-        PERFORM 1 FROM pgsched.job_run_live jr WHERE jr.run_id = ANY (run_ids) ORDER BY jr.run_id FOR UPDATE;
+        SELECT pg_catalog.array_agg(l.job_id) INTO run_jobs
+          FROM (SELECT jr.job_id FROM pgsched.job_run_live jr WHERE jr.run_id = ANY (run_ids)
+                 ORDER BY jr.run_id FOR UPDATE) l;
+        -- The rows by key, from arrays: as one statement joining runs and edges, its plan (made for
+        -- the session from the first calls) read every job_stat row and every edge at each close.
         PERFORM 1 FROM pgsched.job_stat s
-         WHERE s.job_id IN (SELECT jr.job_id FROM pgsched.job_run_live jr WHERE jr.run_id = ANY (run_ids)
-                            UNION
-                            SELECT d.job_id FROM pgsched.job_run_live jr
-                              JOIN pgsched.job_dependency d ON d.upstream_id = jr.job_id
-                             WHERE jr.run_id = ANY (run_ids))
+         WHERE s.job_id = ANY (run_jobs || ARRAY(SELECT d.job_id FROM pgsched.job_dependency d
+                                                  WHERE d.upstream_id = ANY (run_jobs)))
          ORDER BY s.job_id
            FOR UPDATE OF s;
     END IF;
