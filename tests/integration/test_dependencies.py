@@ -532,3 +532,45 @@ def test_an_ordinary_role_moves_its_after_job_to_a_schedule_and_back(api: Conn, 
         api.execute("SELECT pgsched.schedule('down_mine', '*/5 * * * *', 'SELECT 1')")
         assert scalar(api, "SELECT schedule FROM pgsched.jobs WHERE job_id = %s", (down,)) == "*/5 * * * *"
         assert scalar(api, "SELECT depends_on FROM pgsched.jobs WHERE job_id = %s", (down,)) == [up]
+
+
+def test_a_close_reads_its_jobs_and_their_dependents_by_key_however_many_jobs_there_are(api: Conn) -> None:
+    """The close's dependency bookkeeping (its locks in one order, _upstreams_succeeded) reads the rows
+    of the runs' jobs and of their dependents, not every job_stat row and every edge. Its statements
+    keep a plan for the session from their first calls, so the close measured comes after a dozen:
+    with 400 jobs, half '@after' the one before, the plans they made once read every job_stat row at
+    each close (434 rows a close of 8; 41 now). pg_stat_xact_user_tables counts what one transaction
+    read."""
+    api.execute("SELECT pgsched.add_job('ok_fn', '1 minute', job_name => 'up' || i) FROM generate_series(1, 200) i")
+    api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => ARRAY['up' || i]) FROM generate_series(1, 200) i")
+    api.execute("UPDATE pgsched.job_stat s SET next_start = %s FROM pgsched.job j "
+                "WHERE j.job_id = s.job_id AND j.schedule <> '@after'", (T,))
+    api.execute("ANALYZE pgsched.job_stat, pgsched.job_dependency, pgsched.job")
+    me = register(api, T - S)
+
+    def read() -> dict[str, int]:
+        return {str(r["relname"]): int(r["n"]) for r in rows(
+            api, "SELECT relname, coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) AS n "
+                 "FROM pg_stat_xact_user_tables WHERE schemaname = 'pgsched' "
+                 "AND relname IN ('job_stat', 'job_dependency')")}
+
+    for i in range(13):
+        at = T + i * S
+        got = claim(api, me, at, workers=8)
+        assert len(got) == 8, i
+        ends = [{"run_id": r["run_id"], "outcome": "success", "finished_at": (at + S / 2).isoformat(),
+                 "next_start": None if r["schedule"] == "@after" else (at + timedelta(hours=1)).isoformat(),
+                 "lease_token": r["lease_token"]} for r in got]
+        api.execute("BEGIN")
+        before = read()
+        closed = rows(api, "SELECT * FROM pgsched._close_runs(%s)", (Jsonb(ends),))
+        after_close = read()
+        api.execute("COMMIT")
+        assert len(closed) == 8, i
+    # The last close: its 8 runs' jobs and their dependents, a few reads each.
+    assert after_close["job_stat"] - before.get("job_stat", 0) < 100, (before, after_close)
+    assert after_close["job_dependency"] - before.get("job_dependency", 0) < 50, (before, after_close)
+    # and each upstream's success planned its dependent (due at the upstream's plan time, behind the
+    # upstreams of lower ids due then too)
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_stat s JOIN pgsched.job j USING (job_id) "
+                       "WHERE j.schedule = '@after' AND s.next_start = %s", (T,)) == 13 * 8
