@@ -200,6 +200,10 @@ class Store:
         # the socket by psycopg, not by drain_notifies, and the socket then no longer
         # wakes the loop: count those through a handler so that none is lost.
         self._notified = 0
+        # While a claim closes runs in its transaction (claim()): the notifications that transaction
+        # sends us itself, that runs became claimable. See claim().
+        self._holding_own = False
+        self._held_own = 0
         self.requests: list[str] = []  # payloads of trigger_job / cancel_job, not acted on yet
         self.catalog_changed = False  # a notification other than RUNS_CLAIMABLE arrived since the last drain
         self.conn.add_notify_handler(self._on_notify)
@@ -296,6 +300,9 @@ class Store:
 
     # -- notifications -------------------------------------------------------------
     def _on_notify(self, n: psycopg.Notify) -> None:
+        if self._holding_own and n.payload in RUNS_CLAIMABLE and n.pid == self.conn.info.backend_pid:
+            self._held_own += 1
+            return
         self._notified += 1
         self._note(n.payload)
 
@@ -368,14 +375,25 @@ class Store:
             return [], None, self.close_runs(finishing)
         sent = time.monotonic()
         fin = None
-        with self.conn.pipeline():
-            if finishing:
-                fin = self._close_cursor(finishing)
-            cur = self._execute(
-                "SELECT * FROM pgsched._claim_v2(%s, %s, %s, %s, %s)",
-                (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
-            )
-        rows = cur.fetchall()
+        # A close that makes runs claimable (scope runs queued, a key freed, a dependent made due)
+        # notifies every scheduler, ours included. Ours needs no wake-up when the claim after it,
+        # in the same transaction, took runs: the claim saw the close, and its next_due says
+        # what is still due. Read every round, the plan cost a round 1 ms with 10,000 scope runs
+        # queued. A claim that took nothing leaves the caller asking again anyway (dispatch).
+        self._holding_own, self._held_own = bool(finishing), 0
+        try:
+            with self.conn.pipeline():
+                if finishing:
+                    fin = self._close_cursor(finishing)
+                cur = self._execute(
+                    "SELECT * FROM pgsched._claim_v2(%s, %s, %s, %s, %s)",
+                    (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
+                )
+            rows = cur.fetchall()
+        finally:
+            self._holding_own = False
+        if not rows:
+            self._notified += self._held_own
         self._sent = sent  # the round trip began with the pipeline, not with its last statement
         if rows:
             self._anchor(rows[-1]["db_now"])

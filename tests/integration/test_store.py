@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -44,3 +44,67 @@ def test_a_result_or_message_jsonb_refuses_is_cleaned_not_left_to_block_the_batc
     assert rows[ids[0]][0] == "success" and "not representable as JSON" in rows[ids[0]][2]["invalid_result"]
     assert rows[ids[1]][:2] == ("failure", "bad\\0byte")
     assert rows[ids[2]][2] == {"k\\0ey": ["v\\0", 2]}
+
+
+def _key_waiting(conn: Conn, store: Store) -> tuple[int, int]:
+    """Two due jobs on one concurrency key of limit 1, the first's run claimed: (instance, its run)."""
+    conn.execute(SETUP_SQL)
+    conn.execute("SELECT pgsched.set_concurrency_limit('k', 1)")
+    for _ in range(2):
+        conn.execute("SELECT pgsched.add_job('ok_fn', '1 hour', concurrency_key => 'k')")
+    conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second'")
+    instance = store.register_instance("h", 1, "test", 2)
+    [first], _, _ = store.claim(instance, [(101, 0)])
+    store.drain_notifies()
+    store.catalog_changed = False  # the jobs added
+    return instance, first.run_id
+
+
+def _ended(run_id: int) -> Finish:
+    return Finish(run_id=run_id, outcome="success", sqlstate=None, message=None,
+                  next_start=datetime.now(UTC) + timedelta(hours=1), finished_at=datetime.now(UTC), result=None)
+
+
+def test_a_claim_that_took_what_its_own_close_freed_is_not_woken_by_that_close(db: str, conn: Conn) -> None:
+    """A close that frees a concurrency key others wait for notifies every scheduler
+    ('concurrency_key:free'). The one whose claim closed the run in its own transaction and took the
+    waiting job is not woken by it (its claim already said what is due: re-reading the plan each
+    round cost 1 ms a round with 10,000 scope runs queued); every other listener is, and a close
+    alone (no claim after it) wakes its own scheduler too."""
+    store = Store(db, DbClock())
+    peer = Store(db, DbClock())
+    try:
+        instance, run_id = _key_waiting(conn, store)
+        peer.drain_notifies()
+        claimed, next_due, closes = store.claim(instance, [(101, 0), (102, 0)], finishing=[_ended(run_id)])
+        assert closes[0] is not None
+        assert len(claimed) == 1 and claimed[0].run_id != run_id  # the job waiting for the key
+        assert next_due is not None  # nothing else due: the first job's next plan, an hour ahead
+        assert store.drain_notifies() == 0 and not store.catalog_changed
+        assert peer.drain_notifies() == 1  # the others hear it
+        # A close without a claim: its own scheduler hears it (the claim after it has to look).
+        # The first job is due again and waits for the key the second's run holds.
+        conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second' "
+                     "WHERE job_id <> (SELECT job_id FROM pgsched.job_run WHERE run_id = %s)", (claimed[0].run_id,))
+        store.drain_notifies()
+        store.close_runs([_ended(claimed[0].run_id)])
+        assert store.drain_notifies() == 1
+    finally:
+        store.close()
+        peer.close()
+
+
+def test_a_claim_that_took_nothing_after_its_own_close_hears_that_close(db: str, conn: Conn) -> None:
+    """The same close, in a claim that takes nothing (another scheduler's open transaction holds the
+    waiting job's row): the notification is kept, so the scheduler looks again."""
+    store = Store(db, DbClock())
+    try:
+        instance, run_id = _key_waiting(conn, store)
+        with psycopg.connect(db) as holder:
+            holder.execute("SELECT 1 FROM pgsched.job_stat WHERE state = 'scheduled' FOR UPDATE")
+            claimed, _, closes = store.claim(instance, [(101, 0)], finishing=[_ended(run_id)])
+            holder.rollback()
+        assert closes[0] is not None and claimed == []
+        assert store.drain_notifies() == 1
+    finally:
+        store.close()
