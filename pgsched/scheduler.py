@@ -273,11 +273,6 @@ class Scheduler(Requests):
         self.standby = False
         if not self.store.listening:  # connected while the server was a standby
             self.store.listen()
-        if first:
-            # The first workers import psycopg and connect (about 0.3 s of CPU each) while this
-            # process deploys, registers and sends its first heartbeat, not after: the first run
-            # waits for the first worker.
-            self._ensure_workers()
         if first and self.settings.apps:
             self._deploy()
         if first:
