@@ -358,7 +358,10 @@ class Dispatch(LoopState):
         job = run.job
         if run.scope:
             # One scope of a plan: its end is its own; the job's next start is its plan run's business.
-            self.dirty = True  # a worker is free and queued scope runs may be waiting
+            # The plan is not read again for it: the last claim said whether queued scope runs were
+            # left (its next_due is then now), and a close that makes others claimable (the next
+            # plan's run of this scope, a key freed) notifies, unless a claim in its own
+            # transaction took runs and said what is due (store.Store.claim).
             if log.isEnabledFor(logging.INFO):
                 duration = (finish - run.started_at).total_seconds()
                 log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
