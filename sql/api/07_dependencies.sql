@@ -282,12 +282,7 @@ RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 -- Its statement's plan is made once per session: left to choose, PostgreSQL planned it again at
 -- every call (a custom plan looked cheaper than the generic one), three times its execution.
-SET plan_cache_mode = force_generic_plan
--- And by key: the generic plan guesses a hundred dependents made ready, and joined them to job_stat
--- and to the edges by hash, reading every row of both at each close (0.1 ms at 400 jobs, growing
--- with the table), where a close touches a few.
-SET enable_hashjoin = off
-SET enable_mergejoin = off AS $$
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     planned integer;
     made_due integer;
@@ -335,7 +330,10 @@ BEGIN
                upstream_backlog = CASE WHEN s.next_start IS NULL THEN s.upstream_backlog
                                        ELSE coalesce(s.upstream_backlog, '{}') || r.plan_time END
           FROM ready r
-         WHERE s.job_id = r.job_id
+         -- By key, from an array: the generic plan guesses a hundred dependents made ready, and
+         -- joined them to job_stat by hash, reading every row of it at each close (0.1 ms at 400
+         -- jobs, growing with them), where a close writes a few.
+         WHERE s.job_id = ANY (ARRAY(SELECT x.job_id FROM ready x)) AND s.job_id = r.job_id
            AND s.next_start IS DISTINCT FROM pgsched._delayed(r.plan_time, r.schedule_delay)
            AND r.plan_time <> ALL (coalesce(s.upstream_backlog, '{}'))
         RETURNING r.plan_time <> ALL (coalesce(s.upstream_backlog, '{}')) AS due_now
@@ -345,20 +343,22 @@ BEGIN
            SET succeeded_plan = CASE WHEN r.job_id IS NULL THEN e.mark END,
                succeeded_at = CASE WHEN r.job_id IS NULL THEN _upstreams_succeeded.now END
           FROM edges e LEFT JOIN ready r ON r.job_id = e.job_id
-         WHERE d.job_id = e.job_id AND d.upstream_id = e.upstream_id AND (r.job_id IS NOT NULL OR e.fed)
+         WHERE d.job_id = ANY (ARRAY(SELECT x.job_id FROM marks x))  -- by key, as above
+           AND d.job_id = e.job_id AND d.upstream_id = e.upstream_id AND (r.job_id IS NOT NULL OR e.fed)
            AND e.succeeded_plan IS DISTINCT FROM CASE WHEN r.job_id IS NULL THEN e.mark END
         RETURNING 1
     )
     -- The statement's snapshot: what was due before these plans (the closed jobs' next starts
     -- included: the close wrote them in an earlier statement). Only a job any instance may start
     -- counts: not one waiting for its concurrency key, nor a Python job (whose module some
-    -- instances may not load).
+    -- instances may not load). The job's kind is a scalar subquery, so that the due index leads:
+    -- as a semi-join, a plan walked the jobs in id order until one was due (a read per job).
     SELECT (SELECT count(*) FROM plans), (SELECT count(*) FROM plans p WHERE p.due_now),
            NOT EXISTS (SELECT 1 FROM pgsched.job_stat q
                         WHERE q.state = 'scheduled' AND q.concurrency_key IS NULL
                           AND pgsched._due_at(q.job_id, q.next_start, q.jitter_us)
                               <= pg_catalog.timezone('UTC', _upstreams_succeeded.now)
-                          AND EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = q.job_id AND j.kind <> 'python'))
+                          AND (SELECT j.kind FROM pgsched.job j WHERE j.job_id = q.job_id) <> 'python')
       INTO planned, made_due, nothing_due;
     -- Any instance may claim them: wake them all, when nothing else was due. While something is,
     -- an instance is about to claim, and a claim starts due jobs in order and says when the next is

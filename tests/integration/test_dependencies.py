@@ -574,3 +574,18 @@ def test_a_close_reads_its_jobs_and_their_dependents_by_key_however_many_jobs_th
     # upstreams of lower ids due then too)
     assert scalar(api, "SELECT count(*) FROM pgsched.job_stat s JOIN pgsched.job j USING (job_id) "
                        "WHERE j.schedule = '@after' AND s.next_start = %s", (T,)) == 13 * 8
+
+
+def test_one_close_plans_each_of_two_thousand_dependents_of_its_upstream_once(api: Conn) -> None:
+    """Fan-out at scale: an upstream with 2,000 '@after' dependents; its run's close gives each one plan,
+    with its plan time, and leaves no edge marked (one upstream each: set and consumed at once). The
+    statement joins its dependents by hash, by key to the tables: as nested loops it compared every
+    edge with every dependent made ready (4 million pairs here)."""
+    up = add_job(api, T, job_name="source")
+    api.execute("SELECT pgsched.add_job('ok_fn', NULL, depends_on => '{source}') FROM generate_series(1, 2000)")
+    me = register(api, T - S)
+    [r] = run_once(api, me, T)
+    assert r["job_id"] == up
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_stat s JOIN pgsched.job j USING (job_id) "
+                       "WHERE j.schedule = '@after' AND s.next_start = %s AND s.upstream_backlog IS NULL", (T,)) == 2000
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency WHERE succeeded_plan IS NOT NULL") == 0
