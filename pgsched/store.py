@@ -203,7 +203,7 @@ class Store:
         # While a claim closes runs in its transaction (claim()): the notifications that transaction
         # sends us itself, that runs became claimable. See claim().
         self._holding_own = False
-        self._held_own = 0
+        self._held_own: list[str] = []
         self.requests: list[str] = []  # payloads of trigger_job / cancel_job, not acted on yet
         self.catalog_changed = False  # a notification other than RUNS_CLAIMABLE arrived since the last drain
         self.conn.add_notify_handler(self._on_notify)
@@ -300,11 +300,14 @@ class Store:
 
     # -- notifications -------------------------------------------------------------
     def _on_notify(self, n: psycopg.Notify) -> None:
-        if self._holding_own and n.payload in RUNS_CLAIMABLE and n.pid == self.conn.info.backend_pid:
-            self._held_own += 1
+        self._arrived(n.payload, n.pid)
+
+    def _arrived(self, payload: str, pid: int) -> None:
+        if self._holding_own and payload in RUNS_CLAIMABLE and pid == self.conn.info.backend_pid:
+            self._held_own.append(payload)
             return
         self._notified += 1
-        self._note(n.payload)
+        self._note(payload)
 
     def _note(self, payload: str) -> None:
         # trigger_job and cancel_job ask through the payload (sql/api/50_requests.sql).
@@ -380,7 +383,7 @@ class Store:
         # in the same transaction, took runs: the claim saw the close, and its next_due says
         # what is still due. Read every round, the plan cost a round 1 ms with 10,000 scope runs
         # queued. A claim that took nothing leaves the caller asking again anyway (dispatch).
-        self._holding_own, self._held_own = bool(finishing), 0
+        self._holding_own, self._held_own = bool(finishing), []
         try:
             with self.conn.pipeline():
                 if finishing:
@@ -390,10 +393,15 @@ class Store:
                     (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
                 )
             rows = cur.fetchall()
+            # psycopg hands _on_notify what it reads while it waits for results; a notification read
+            # while the pipeline was still sending stays queued in libpq: taken here, by one rule.
+            while (note := self.conn.pgconn.notifies()) is not None:
+                self._arrived(note.extra.decode(errors="replace"), note.be_pid)
         finally:
             self._holding_own = False
         if not rows:
-            self._notified += self._held_own
+            for payload in self._held_own:
+                self._arrived(payload, 0)
         self._sent = sent  # the round trip began with the pipeline, not with its last statement
         if rows:
             self._anchor(rows[-1]["db_now"])
