@@ -400,8 +400,9 @@ class Store:
         finally:
             self._holding_own = False
         if not rows:
+            self._notified += len(self._held_own)
             for payload in self._held_own:
-                self._arrived(payload, 0)
+                self._note(payload)
         self._sent = sent  # the round trip began with the pipeline, not with its last statement
         if rows:
             self._anchor(rows[-1]["db_now"])

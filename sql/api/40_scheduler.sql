@@ -394,8 +394,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- PL/pgSQL, so that the session keeps the statement's plan: a SQL function with a search_path
     -- of its own is planned again at every call (1.8 ms a call with 10,000 scope runs queued,
-    -- where the claim, which holds the same look ahead, took 0.9 ms; a scheduler asks after each
-    -- close of scope runs, whose notification it hears too).
+    -- where the claim, which holds the same look ahead, took 0.9 ms).
     RETURN QUERY
     -- ORDER BY ... LIMIT 1 walks the partial index; min() over the join would not. A due job
     -- waiting for its concurrency key is passed over (one not yet due is not: its instant is a
