@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -57,7 +58,12 @@ FORCED_RECONNECT = ("lost the database connection: consuming input failed: serve
 # The same ended connection, seen by psycopg when it drops 0.1.0's pipeline (its pipelined claim)
 # that was open at that moment: a warning of psycopg's own, as often as not.
 FORCED_PIPELINE = "WARNING psycopg: error ignored terminating <psycopg.Pipeline [BAD]"
-RACED_INIT = "database error in the scheduler loop (continuing): cache lookup failed for function"
+# What a statement of 0.1.0 that waited on init's locks finds after init committed: a function it
+# called dropped (one that gained an argument), or job_run become the partitioned table, whose
+# parent has no job_run_plan_key (migration 0015; the key is job_run_live's).
+RACED_INIT = re.compile(r"database error in the scheduler loop \(continuing\): (cache lookup failed for function"
+                        r"|constraint \"job_run_plan_key\" for table \"job_run\" does not exist)")
+HELD_RUN = re.compile(r"skipped: run (\d+) was still in progress")
 NOT_QUIET = re.compile(r" (WARNING|ERROR|CRITICAL) |database error|Traceback|psycopg\.errors", re.IGNORECASE)
 
 
@@ -167,6 +173,26 @@ def longest_gap(starts: list[datetime]) -> timedelta:
     return max((b - a for a, b in itertools.pairwise(starts)), default=timedelta(0))
 
 
+def unexplained_skips(dsn: str, skipped: list[dict[str, Any]], raced_init: bool) -> list[dict[str, Any]]:
+    """The skipped plans that the one allowed race with init does not explain.
+
+    0.1.0's instance that lost the race holds its claimed runs for 1 s after the database
+    error; a run held so started over 0.9 s after its plan, and on a 1-second schedule the
+    next slot came due while it was held or ran, and was skipped as "still in progress".
+    Any other skip, or any skip without the race, is a fault."""
+    if not raced_init:
+        return skipped
+    unexplained = []
+    for r in skipped:
+        held = HELD_RUN.search(r["message"] or "")
+        late = held and query(dsn, "SELECT r.started_at - r.plan_time > interval '0.9 s' AS late, i.version "
+                                   "FROM pgsched.job_run r JOIN pgsched.instances i USING (instance_id) "
+                                   "WHERE r.run_id = %s", (int(held.group(1)),))
+        if not (late and late[0]["late"] and late[0]["version"] == previous_release.RELEASE):
+            unexplained.append(r)
+    return unexplained
+
+
 @pytest.mark.slow
 def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) -> None:
     dsn = empty_db
@@ -195,8 +221,15 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     assert f"internal API 2 (release {pgsched.__version__}); instances of API 1 to 2 may run on it" in out
     upgraded_at = query(dsn, "SELECT clock_timestamp() AS t")[0]["t"]
     # 0.1.0's instances check the schema on every reconnect: make them reconnect to the new one.
-    ended = query(dsn, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
-                       "WHERE application_name = 'pgsched scheduler'")[0]["n"]
+    # At a moment no run is in progress: a run whose instance has no session is abandoned, and
+    # an instance that reconnects first records it as a crash (the failover rule, not the upgrade).
+    ended = 0
+    deadline = time.monotonic() + 10
+    while not ended and time.monotonic() < deadline:
+        ended = query(dsn, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                           "WHERE application_name = 'pgsched scheduler' AND NOT EXISTS "
+                           "(SELECT 1 FROM pgsched.job_run_live WHERE outcome = 'running')")[0]["n"]
+        time.sleep(0.01)
     assert ended == len(olds)
     time.sleep(4)  # three instances of 0.1.0 on the new schema
     for s in olds:
@@ -215,12 +248,17 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     for s in news:
         assert s.wait_exit(20) == 0, s.log()
 
-    runs = history(dsn, job)
-    # Every run closed with its real outcome: no crash, no run left open, nothing skipped or missed.
-    assert Counter(r["outcome"] for r in runs).keys() == {"success"}, Counter(r["outcome"] for r in runs)
+    raced = {s.pid: [line for line in s.log_lines() if RACED_INIT.search(line)] for s in olds}
+    everything = history(dsn, job)
+    # Every run closed with its real outcome: no crash, no run left open, nothing missed, and
+    # nothing skipped but what the allowed race with init explains (below).
+    assert Counter(r["outcome"] for r in everything).keys() <= {"success", "skipped"}, everything
+    skipped = [r for r in everything if r["outcome"] == "skipped"]
+    assert not unexplained_skips(dsn, skipped, any(raced.values())), (skipped, raced)
+    runs = [r for r in everything if r["outcome"] == "success"]
     st = stats(dsn, job)
-    assert (st["total_crashes"], st["total_failures"], st["total_missed"], st["total_skipped"]) == (0, 0, 0, 0)
-    assert st["total_successes"] == len(runs)
+    assert (st["total_crashes"], st["total_failures"], st["total_missed"]) == (0, 0, 0)
+    assert (st["total_successes"], st["total_skipped"]) == (len(runs), sum(r["result"]["count"] for r in skipped))
     # No plan ran twice: one run and one side effect per plan.
     plans = Counter(r["plan_time"] for r in runs)
     effects = Counter(r["plan_time"] for r in query(dsn, "SELECT plan_time FROM public.effect"))
@@ -239,17 +277,18 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     assert sorted(by_version.values()) == [previous_release.RELEASE] * 3 + [pgsched.__version__] * 3
     # The other jobs too: every run closed, every one a success.
     closed = Counter(r["outcome"] for j in ticks for r in history(dsn, j))
-    assert closed.keys() == {"success"} and closed["success"] > 100, closed
+    assert closed.keys() <= {"success", "skipped"} and closed["success"] > 100, closed
+    tick_skips = [r for j in ticks for r in history(dsn, j) if r["outcome"] == "skipped"]
+    assert not unexplained_skips(dsn, tick_skips, any(raced.values())), (tick_skips, raced)
     # No instance of either release logged an SQL error, nor any warning, but two kinds in an old
     # instance: the connection this test ended on purpose, and at most one lost race with init's
     # commit (README "Upgrading": a function 0.1.0 calls that gained an argument is a new function,
     # and the old one is dropped; a statement of 0.1.0 planned just before init committed and run
     # just after it finds the old one gone; the instance's loop goes on).
-    raced = {s.pid: [line for line in s.log_lines() if RACED_INIT in line] for s in olds}
     assert all(len(lines) <= 1 for lines in raced.values()), raced
     errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)
                       and not (s in olds and (any(f in line for f in FORCED_RECONNECT) or FORCED_PIPELINE in line
-                                              or RACED_INIT in line))]
+                                              or RACED_INIT.search(line)))]
               for s in [*olds, *news]}
     assert not any(errors.values()), errors
 
