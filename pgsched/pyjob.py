@@ -6,6 +6,9 @@ the handler returns and rolled back when it raises. run.heartbeat() renews the
 run's lease on a separate connection, because a write on the handler's own,
 uncommitted transaction would be invisible to everyone else; it raises
 LeaseLost when the run is no longer this worker's (another scheduler closed it).
+
+pgsched.app is imported where a handler is looked up, not with this module: every worker
+imports this one, and one that runs only SQL jobs never needs the declarations (see pgsched).
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ from __future__ import annotations
 import importlib
 import traceback
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.types.json
 
-from pgsched import app, protocol
+from pgsched import protocol
 from pgsched.protocol import Done
+
+if TYPE_CHECKING:
+    from pgsched import app
 
 TRACEBACK_LINES = 15
 
@@ -31,6 +37,8 @@ def import_apps(modules: list[str]) -> None:
 
 
 def find(msg: dict[str, Any]) -> app.JobSpec | None:
+    from pgsched import app  # here, not at the top: see the module's docstring
+
     spec = app.REGISTRY.get(msg.get("job_name") or "")
     if spec is not None and (spec.module, spec.function) == (msg.get("code_module"), msg.get("code_function")):
         return spec
@@ -67,6 +75,8 @@ def describe(e: BaseException) -> str:
 
 def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> Done:
     """Run the handler of `msg` on `conn` (in autocommit mode on entry and on return)."""
+    from pgsched import app
+
     run_id = int(msg["run_id"])
     spec = find(msg)
     if spec is None:
@@ -106,6 +116,8 @@ def run_now(dsn: str, job_id: int) -> Done:
     The app modules must already be imported. Returns the outcome message.
     """
     import os
+
+    from pgsched import app
 
     with psycopg.connect(dsn, autocommit=True, application_name=f"pgsched run {job_id}") as conn:
         conn.prepare_threshold = None
