@@ -20,7 +20,13 @@ __all__ = ["JobDeclarationError", "LeaseLost", "Result", "Run", "__version__", "
 _FROM_APP = frozenset(__all__) - {"__version__"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _FROM_APP:
-        return getattr(importlib.import_module("pgsched.app"), name)
-    raise AttributeError(f"module 'pgsched' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if not TYPE_CHECKING:  # for the type checker the names are the imports above, and a misspelling an error
+
+    def __getattr__(name: str) -> Any:
+        if name in _FROM_APP:
+            return getattr(importlib.import_module("pgsched.app"), name)
+        raise AttributeError(f"module 'pgsched' has no attribute {name!r}")

@@ -284,7 +284,6 @@ def test_history_and_retentions_are_declared_as_add_job_reads_them(given: dict[s
     assert (row["history"], row["success_retention"], row["failure_retention"]) == stored
 
 
-
 def test_the_package_gives_the_declaration_api_but_a_worker_imports_none_of_it() -> None:
     """`import pgsched` leaves pgsched.app to the first use of one of its names: each worker
     imports the package, and one that runs SQL jobs never declares one."""
@@ -296,5 +295,6 @@ def test_the_package_gives_the_declaration_api_but_a_worker_imports_none_of_it()
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "pgsched.app", "pgsched.app"]
     assert pgsched.job is app.job and pgsched.Result is app.Result and pgsched.LeaseLost is app.LeaseLost
+    assert {"job", "Run", "Result", "__version__"} <= set(dir(pgsched))
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        pgsched.no_such_name  # noqa: B018
+        getattr(pgsched, "no_such_name")  # noqa: B009
