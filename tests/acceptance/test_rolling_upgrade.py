@@ -270,7 +270,7 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     starts = [r["started_at"] for r in runs]
     gap = longest_gap(starts)
     print(f"rolling upgrade: {len(runs)} runs, longest gap between two starts {gap.total_seconds():.3f} s, "
-          f"init took {init_seconds:.2f} s")
+          f"init took {init_seconds:.2f} s, {len(raced_pids)} old instance(s) raced it, {len(skipped)} skip(s)")
     assert gap <= timedelta(seconds=MAX_GAP), gap
     # Both releases ran it after the new init: the old instances kept working on the new schema.
     by_version = {r["instance_id"]: r["version"]
