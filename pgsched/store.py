@@ -306,6 +306,10 @@ class Store:
         if self._holding_own and payload in RUNS_CLAIMABLE and pid == self.conn.info.backend_pid:
             self._held_own.append(payload)
             return
+        self._heard(payload)
+
+    def _heard(self, payload: str) -> None:
+        """A notification that asks this scheduler to act: counted until drained, and noted."""
         self._notified += 1
         self._note(payload)
 
@@ -400,9 +404,8 @@ class Store:
         finally:
             self._holding_own = False
         if not rows:
-            self._notified += len(self._held_own)
             for payload in self._held_own:
-                self._note(payload)
+                self._heard(payload)
         self._sent = sent  # the round trip began with the pipeline, not with its last statement
         if rows:
             self._anchor(rows[-1]["db_now"])
