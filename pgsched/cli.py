@@ -154,7 +154,7 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
           config_file: str | None, log_format: str | None, log_level: str | None, http: str | None,
           metrics_max_jobs: int | None, all_databases: bool, apps: tuple[str, ...]) -> None:
     """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
-    from pgsched import logs
+    from pgsched import launcher, logs
     from pgsched.config import read_serve_options, read_settings_file
     from pgsched.scheduler import Scheduler, Settings
 
@@ -168,6 +168,10 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
     logs.setup(log_format, log_level)
     apps = apps or tuple(opts.get("app", ()))  # type: ignore[arg-type]
     http = http or opts.get("http")  # type: ignore[assignment]
+    if not all_databases:
+        # First, so that its imports overlap this process's own start (pgsched/forkserver.py); the
+        # scheduler stops it, and it dies with this process in any case.
+        launcher.start_fork_server()
     _import_apps(apps)
     cli_values: dict[str, object] = {k: v for k, v in {
         "max_workers": max_workers, "shutdown_timeout": shutdown_timeout, "crash_wait": crash_wait,

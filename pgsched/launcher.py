@@ -5,6 +5,8 @@ group on overrun takes anything it started with it. Workers are kept between
 runs (starting a Python process and a database connection per run would cap
 throughput far below the target); a worker whose run crashed, timed out or lost
 its connection is not reused. The protocol itself is described in worker.py.
+Under `pgsched serve`, workers are forked from the fork server (pgsched/forkserver.py);
+elsewhere, and if it fails, each is `python -m pgsched.worker`.
 """
 
 from __future__ import annotations
@@ -16,18 +18,75 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgsched import protocol
+from pgsched.forkserver import ForkServer
 from pgsched.model import Run
 
 log = logging.getLogger("pgsched.launcher")
 
 
+class Forked:
+    """A worker the fork server forked, with what the launcher uses of a subprocess.Popen. It is
+    the scheduler's child (re-parented to it), so its exit status is read as any child's."""
+
+    def __init__(self, pid: int, stdin_fd: int, stdout_fd: int) -> None:
+        self.pid = pid
+        self.args = ["pgsched.worker", "(forked)"]
+        self.stdin = open(stdin_fd, "wb")  # noqa: SIM115 - closed by close_stdin, as Popen's is
+        self.stdout = open(stdout_fd, "rb")  # noqa: SIM115 - closed by reap
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0  # already reaped elsewhere: its status is lost
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(0.005)
+        return code
+
+
+_fork_server: ForkServer | None = None
+
+
+def start_fork_server() -> None:
+    """Fork new workers from now on (pgsched serve); stays as it was where that is unavailable."""
+    global _fork_server
+    if _fork_server is None:
+        _fork_server = ForkServer.start()
+
+
+def stop_fork_server() -> None:
+    global _fork_server
+    if _fork_server is not None:
+        server, _fork_server = _fork_server, None
+        server.stop()
+
+
+def reap_strays(workers: Iterable[int]) -> None:
+    """With the fork server, the scheduler is a subreaper: reap what a dead worker left behind."""
+    if _fork_server is not None:
+        _fork_server.reap_strays({*workers, _fork_server.proc.pid})
+
+
 @dataclass
 class Worker:
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | Forked
     pid: int
     backend_pid: int | None = None
     role: str | None = None  # the role its session runs as (a job's owner)
@@ -93,10 +152,20 @@ def describe_exit(code: int | None) -> str:
 
 def launch(dsn: str, apps: tuple[str, ...] = ()) -> Worker:
     """Start one worker process; it reports 'ready' once connected (and its app modules imported)."""
-    env = dict(os.environ)
-    env["PGSCHED_WORKER_DSN"] = dsn
-    env["PGSCHED_PARENT_PID"] = str(os.getpid())
-    env["PGSCHED_APP_MODULES"] = ",".join(apps)
+    given = {"PGSCHED_WORKER_DSN": dsn, "PGSCHED_PARENT_PID": str(os.getpid()),
+             "PGSCHED_APP_MODULES": ",".join(apps)}
+    global _fork_server
+    if _fork_server is not None:
+        try:
+            pid, stdin_fd, stdout_fd = _fork_server.fork(given)
+        except OSError as e:
+            log.warning("%s: workers start as processes of their own from now on", e)
+            stop_fork_server()
+        else:
+            forked = Forked(pid, stdin_fd, stdout_fd)
+            os.set_blocking(stdout_fd, False)
+            return Worker(proc=forked, pid=pid)
+    env = {**os.environ, **given}
     env.pop("PGSCHED_CRASHPOINT", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgsched.worker"],

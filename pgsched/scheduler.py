@@ -101,6 +101,7 @@ class Scheduler(Requests):
         if self.reload_requested:
             self._reload()
         self._read_workers()
+        launcher.reap_strays(self.workers)
         self._enforce_deadlines()
         if self.store is None and time.monotonic() >= self._reconnect_at:
             self._connect(startup=False)
@@ -393,6 +394,7 @@ class Scheduler(Requests):
         for worker in list(self.workers.values()):
             launcher.reap(worker, timeout=2.0)
         self.workers.clear()
+        launcher.stop_fork_server()
         if self.store is not None:
             with contextlib.suppress(psycopg.Error):
                 if self.instance_id is not None:

@@ -1,0 +1,203 @@
+"""The fork server: new workers forked from a process that has already imported the worker.
+
+A worker started as `python -m pgsched.worker` spends most of its start on the interpreter and
+its imports (psycopg, pgsched), before it connects: every new worker paid it, after a start, a
+crash or a timeout. `pgsched serve` starts one fork server at once, in parallel with its own
+start; each worker is then a fork of it, and pays only for its connection.
+
+Each worker stays a child of the scheduler, as one it launched itself would be: the scheduler
+becomes a child subreaper (Linux's PR_SET_CHILD_SUBREAPER), and the fork server forks twice, so
+that the worker's first parent exits at once and the worker is re-parented to the scheduler. The
+scheduler then waits for it, reads its exit status and signals its process group as any child's
+(pgsched/launcher.py). Its own stdin and stdout are pipes the scheduler made and passed over a
+Unix socket (SCM_RIGHTS). The fork server dies with the scheduler (PR_SET_PDEATHSIG) and when
+its socket closes. Where any of this is unavailable (not Linux, the server died), the launcher
+starts workers as processes of their own, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+log = logging.getLogger("pgsched.forkserver")
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# How long the scheduler waits for a fork: far above a fork's milliseconds, far below a worker's
+# own start; past it the fork server is taken for dead and workers start as processes.
+REPLY_TIMEOUT_S = 5.0
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class ForkServer:
+    """The scheduler's side: start the server, ask it for workers, stop it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc = proc
+        self.sock = sock
+
+    @classmethod
+    def start(cls) -> ForkServer | None:
+        """Start one; None where workers cannot be forked and re-parented (the launcher then
+        starts them as processes)."""
+        if not sys.platform.startswith("linux") or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ)
+        env.pop("PGSCHED_CRASHPOINT", None)  # the scheduler's, for tests: never a worker's
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pgsched.forkserver", str(theirs.fileno()), str(os.getpid())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+            )
+        except OSError as e:
+            log.warning("cannot start the fork server (workers start as processes of their own): %s", e)
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        return cls(proc, ours)
+
+    def fork(self, env: dict[str, str]) -> tuple[int, int, int]:
+        """A new worker with these environment variables: its pid, and the write end of its stdin
+        and the read end of its stdout. OSError when the fork server cannot give one."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [json.dumps(env).encode() + b"\n"], [stdin_r, stdout_w])
+            self.sock.settimeout(REPLY_TIMEOUT_S)
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = self.sock.recv(64)
+                if not chunk:
+                    raise OSError("the fork server closed its socket")
+                reply += chunk
+            pid = int(reply)
+        except (OSError, ValueError) as e:
+            os.close(stdin_w)
+            os.close(stdout_r)
+            raise OSError(f"the fork server gave no worker: {e}") from e
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        if pid <= 0:
+            os.close(stdin_w)
+            os.close(stdout_r)
+            raise OSError("the fork server could not fork")
+        return pid, stdin_w, stdout_r
+
+    def stop(self) -> None:
+        """Close its socket (it exits) and wait for it."""
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    @staticmethod
+    def reap_strays(known: set[int]) -> int:
+        """Wait for children the scheduler did not start: as a subreaper, it inherits whatever a worker
+        left running when it died. Only those; a worker's exit is its launcher's to read. How many."""
+        reaped = 0
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return reaped
+            if info is None or info.si_pid in known:
+                return reaped
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+            reaped += 1
+
+
+# -- the fork server's own side ----------------------------------------------------------------
+def _serve(sock: socket.socket, scheduler_pid: int) -> None:
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
+        except OSError:
+            return
+        if not msg:
+            return  # the scheduler closed its end, or died
+        env = json.loads(msg)
+        first = os.fork()
+        if first == 0:
+            # The first child: forks the worker and exits, so that the worker is re-parented
+            # to the scheduler (a subreaper) and is its child from then on.
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(env, fds, sock, scheduler_pid)
+            with contextlib.suppress(OSError):
+                sock.sendall(f"{pid}\n".encode())
+            os._exit(0)
+        os.waitpid(first, 0)
+        for fd in fds:
+            os.close(fd)
+
+
+def _become_worker(env: dict[str, str], fds: list[int], sock: socket.socket, scheduler_pid: int) -> None:
+    """In the forked worker: what `python -m pgsched.worker` would have been given, then its main."""
+    code = 1
+    try:
+        os.setsid()  # its own process group, which the scheduler kills on overrun
+        # sys.stdin and sys.stdout are the fork server's, on descriptors 0 and 1, and never used
+        # there: they now read and write the worker's pipes, as a new process's would.
+        os.dup2(fds[0], 0)
+        os.dup2(fds[1], 1)
+        sock.detach()  # closed below with the rest, without the object closing a reused number later
+        os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.environ.update(env)
+        # Re-parenting happens when the first child exits, a moment from now: the worker's own
+        # check of its parent (pgsched.worker._die_with_parent) must see the scheduler.
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while os.getppid() != scheduler_pid and time.monotonic() < deadline:
+            time.sleep(0.001)
+        from pgsched import worker
+
+        code = worker.main()
+        sys.stdout.flush()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    scheduler_pid = int(argv[1])
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != scheduler_pid:
+        return 0  # the scheduler died before the call above
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group: the scheduler decides
+    # What every worker needs, imported once here.
+    import psycopg  # noqa: F401
+
+    from pgsched import worker  # noqa: F401
+
+    _serve(sock, scheduler_pid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

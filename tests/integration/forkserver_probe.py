@@ -1,0 +1,92 @@
+"""Run by test_forkserver.py in a process of its own (it becomes a child subreaper, which the test
+runner must not): forks workers through the fork server as `pgsched serve` does, and prints what
+it saw as one JSON object."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pgsched import launcher, protocol
+from pgsched.launcher import Worker
+
+E = TypeVar("E")
+
+
+def wait_for(w: Worker, want: type[E], timeout: float = 10.0) -> E:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = w.read()
+        for e in w.events:
+            if isinstance(e, want):
+                w.events.clear()
+                return e
+        w.events.clear()
+        if not alive:
+            raise AssertionError(f"the worker exited ({launcher.reap(w, timeout=1)}) before {want}")
+        time.sleep(0.005)
+    raise AssertionError(f"no {want} within {timeout}s")
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def run_message(role: str, run_id: int) -> dict[str, Any]:
+    return {"run_id": run_id, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
+            "config": None, "app": f"pgsched job 1 run {run_id} lease 1", "job_name": "t",
+            "plan_time": "2026-01-01T00:00Z", "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0}
+
+
+def main(dsn: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    launcher.start_fork_server()
+    assert launcher._fork_server is not None, "no fork server on this machine"
+    # Two workers, forked: each is this process's child, in a session of its own, and runs a job.
+    workers = [launcher.launch(dsn) for _ in range(2)]
+    out["forked"] = [isinstance(w.proc, launcher.Forked) for w in workers]
+    ready = [wait_for(w, protocol.Ready) for w in workers]
+    out["parent_is_us"] = [parent_of(w.pid) == os.getpid() for w in workers]
+    out["own_session"] = [os.getsid(w.pid) == w.pid for w in workers]
+    role = str(ready[0].role)
+    workers[0].send(run_message(role, 1))
+    done = wait_for(workers[0], protocol.Done)
+    out["ran"] = done.ok
+    # A killed worker's status is ours to read; one let go exits 0.
+    os.kill(workers[0].pid, signal.SIGKILL)
+    out["killed"] = launcher.describe_exit(launcher.reap(workers[0], timeout=5))
+    out["let_go"] = launcher.reap(workers[1], timeout=5)
+    # What a dead worker leaves running is re-parented to us and reaped, and a worker is not.
+    keep = launcher.launch(dsn)
+    wait_for(keep, protocol.Ready)
+    middle = os.fork()
+    if middle == 0:
+        if os.fork() == 0:
+            time.sleep(0.2)
+            os._exit(0)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    time.sleep(0.5)
+    assert launcher._fork_server is not None
+    out["strays"] = launcher._fork_server.reap_strays({keep.pid, launcher._fork_server.proc.pid})
+    out["kept_alive"] = keep.proc.poll() is None
+    # The fork server gone, workers start as processes of their own.
+    launcher._fork_server.proc.kill()
+    launcher._fork_server.proc.wait()
+    fallback = launcher.launch(dsn)
+    out["fallback_forked"] = isinstance(fallback.proc, launcher.Forked)
+    out["fallback_ready"] = wait_for(fallback, protocol.Ready).pid == fallback.pid
+    for w in (keep, fallback):
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+    out["server_after"] = launcher._fork_server is None
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
