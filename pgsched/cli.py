@@ -82,16 +82,23 @@ app_option = click.option(
 )
 
 
+def _app_path(apps: tuple[str, ...]) -> None:
+    """Like other app servers, find the user's modules from the current directory (here, and in
+    the workers, through PYTHONPATH)."""
+    if not apps:
+        return
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+
+
 def _import_apps(apps: tuple[str, ...]) -> None:
-    """Import the app modules now, so a bad declaration stops us before anything is written."""
+    """Import the app modules now (from _app_path's path), so a bad declaration stops us before
+    anything is written."""
     from pgsched import app, pyjob
 
     if not apps:
         return
-    # Like other app servers, find the user's modules from the current directory.
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
     try:
         pyjob.import_apps(list(apps))
     except app.JobDeclarationError as e:
@@ -168,9 +175,11 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
     logs.setup(log_format, log_level)
     apps = apps or tuple(opts.get("app", ()))  # type: ignore[arg-type]
     http = http or opts.get("http")  # type: ignore[assignment]
+    _app_path(apps)
     if not all_databases:
         # First, so that its imports overlap this process's own start (pgsched/forkserver.py); the
-        # scheduler stops it, and it dies with this process in any case.
+        # scheduler stops it, and it dies with this process in any case. After the app modules'
+        # path, which the workers it forks inherit.
         launcher.start_fork_server()
     _import_apps(apps)
     cli_values: dict[str, object] = {k: v for k, v in {
@@ -237,6 +246,7 @@ def run_cmd(job_id: int, dsn: str | None, apps: tuple[str, ...]) -> None:
     """Run a job now in this process (Python jobs need their --app), recorded like any run."""
     from pgsched import pyjob
 
+    _app_path(apps)
     _import_apps(apps)
     target = resolve_dsn(dsn) or ""
     try:

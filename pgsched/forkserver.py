@@ -27,18 +27,21 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
+from pathlib import Path
+from typing import NoReturn
 
 log = logging.getLogger("pgsched.forkserver")
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-# How long the scheduler waits for a fork: far above a fork's milliseconds, far below a worker's
-# own start; past it the fork server is taken for dead and workers start as processes.
-REPLY_TIMEOUT_S = 5.0
+# How long the scheduler waits for a fork: far above a fork's milliseconds, and short, as the
+# scheduler's loop waits meanwhile; past it the fork server is taken for dead (and killed) and
+# workers start as processes.
+REPLY_TIMEOUT_S = 1.0
 
 
-def _prctl(option: int, value: int) -> bool:
+def prctl(option: int, value: int) -> bool:
+    """Linux's prctl(2); False where it is unavailable or refused."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         return int(libc.prctl(option, value, 0, 0, 0)) == 0
@@ -57,19 +60,23 @@ class ForkServer:
     def start(cls) -> ForkServer | None:
         """Start one; None where workers cannot be forked and re-parented (the launcher then
         starts them as processes)."""
-        if not sys.platform.startswith("linux") or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+        if not sys.platform.startswith("linux") or not prctl(PR_SET_CHILD_SUBREAPER, 1):
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ)
         env.pop("PGSCHED_CRASHPOINT", None)  # the scheduler's, for tests: never a worker's
         try:
+            # Its own session: a hangup or signal to the scheduler's process group (a terminal's) is the
+            # scheduler's to act on; the fork server goes when the scheduler does (PR_SET_PDEATHSIG).
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pgsched.forkserver", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+                start_new_session=True,
             )
         except OSError as e:
             log.warning("cannot start the fork server (workers start as processes of their own): %s", e)
             ours.close()
+            prctl(PR_SET_CHILD_SUBREAPER, 0)
             return None
         finally:
             theirs.close()
@@ -103,34 +110,40 @@ class ForkServer:
             raise OSError("the fork server could not fork")
         return pid, stdin_w, stdout_r
 
-    def stop(self) -> None:
-        """Close its socket (it exits) and wait for it."""
+    def stop(self, *, kill: bool = False) -> None:
+        """Close its socket (it exits) and wait for it; kill: one that failed to answer, at once."""
         self.sock.close()
+        if kill:
+            self.proc.kill()
         try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
 
-    @staticmethod
-    def reap_strays(known: set[int]) -> int:
-        """Wait for children the scheduler did not start: as a subreaper, it inherits whatever a worker
-        left running when it died. Only those; a worker's exit is its launcher's to read. How many."""
-        reaped = 0
-        while True:
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return reaped
-            if info is None or info.si_pid in known:
-                return reaped
+
+def reap_strays(known: set[int]) -> int:
+    """Reap the children this process did not start: as a subreaper, it inherits whatever a worker
+    left running when it died. Its children are read from /proc (a wait for any child would take a
+    worker's exit status, which its launcher reads); those in `known` are left alone. How many."""
+    reaped = 0
+    for children in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids = [int(p) for p in children.read_text().split()]
+        except OSError:
+            continue  # a thread that ended meanwhile
+        for pid in pids:
+            if pid in known:
+                continue
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(info.si_pid, 0)
-            reaped += 1
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    reaped += 1
+    return reaped
 
 
 # -- the fork server's own side ----------------------------------------------------------------
 def _serve(sock: socket.socket, scheduler_pid: int) -> None:
+    """Fork a worker for each request, until the scheduler closes the socket."""
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
@@ -143,7 +156,10 @@ def _serve(sock: socket.socket, scheduler_pid: int) -> None:
         if first == 0:
             # The first child: forks the worker and exits, so that the worker is re-parented
             # to the scheduler (a subreaper) and is its child from then on.
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:
+                pid = -1  # the scheduler starts this worker as a process instead
             if pid == 0:
                 _become_worker(env, fds, sock, scheduler_pid)
             with contextlib.suppress(OSError):
@@ -154,42 +170,37 @@ def _serve(sock: socket.socket, scheduler_pid: int) -> None:
             os.close(fd)
 
 
-def _become_worker(env: dict[str, str], fds: list[int], sock: socket.socket, scheduler_pid: int) -> None:
-    """In the forked worker: what `python -m pgsched.worker` would have been given, then its main."""
-    code = 1
-    try:
-        os.setsid()  # its own process group, which the scheduler kills on overrun
-        # sys.stdin and sys.stdout are the fork server's, on descriptors 0 and 1, and never used
-        # there: they now read and write the worker's pipes, as a new process's would.
-        os.dup2(fds[0], 0)
-        os.dup2(fds[1], 1)
-        sock.detach()  # closed below with the rest, without the object closing a reused number later
-        os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.environ.update(env)
-        # Re-parenting happens when the first child exits, a moment from now: the worker's own
-        # check of its parent (pgsched.worker._die_with_parent) must see the scheduler.
-        deadline = time.monotonic() + REPLY_TIMEOUT_S
-        while os.getppid() != scheduler_pid and time.monotonic() < deadline:
-            time.sleep(0.001)
-        from pgsched import worker
+def _become_worker(env: dict[str, str], fds: list[int], sock: socket.socket, scheduler_pid: int) -> NoReturn:
+    """In the forked worker: what `python -m pgsched.worker` would have been given, then its main,
+    and its exit as that process's (SystemExit, atexit, the interpreter's flushes)."""
+    os.setsid()  # its own process group, which the scheduler kills on overrun
+    # sys.stdin and sys.stdout are the fork server's, on descriptors 0 and 1, and never used
+    # there: they now read and write the worker's pipes, as a new process's would.
+    os.dup2(fds[0], 0)
+    os.dup2(fds[1], 1)
+    sock.detach()  # closed below with the rest, without the object closing a reused number later
+    os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.environ.update(env)
+    from pgsched import worker
 
-        code = worker.main()
-        sys.stdout.flush()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    os._exit(code)
+    sys.argv = [worker.__file__]
+    # Re-parenting happens when the first child exits, a moment from now: the worker's own
+    # check of its parent (pgsched.worker._die_with_parent) must see the scheduler.
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while os.getppid() != scheduler_pid and time.monotonic() < deadline:
+        time.sleep(0.001)
+    sys.exit(worker.main())
 
 
 def main(argv: list[str]) -> int:
+    """The fork server: its socket's descriptor and the scheduler's pid are its arguments."""
     sock = socket.socket(fileno=int(argv[0]))
     scheduler_pid = int(argv[1])
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != scheduler_pid:
         return 0  # the scheduler died before the call above
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the whole group: the scheduler decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler decides when it goes
     # What every worker needs, imported once here.
     import psycopg  # noqa: F401
 

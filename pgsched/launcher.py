@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgsched import protocol
+from pgsched import forkserver, protocol
 from pgsched.forkserver import ForkServer
 from pgsched.model import Run
 
@@ -42,17 +42,20 @@ class Forked:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
+        """Its exit status (Popen's form: minus the signal that killed it), or None while it runs."""
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
-                self.returncode = 0  # already reaped elsewhere: its status is lost
+                log.warning("worker %s: its exit status was taken by another wait", self.pid)
+                self.returncode = 255
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """Wait for its exit, as Popen.wait (subprocess.TimeoutExpired after `timeout`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
@@ -62,26 +65,42 @@ class Forked:
 
 
 _fork_server: ForkServer | None = None
+# Once a fork server started, this process is a subreaper for good (workers forked before a
+# fallback are still its children): strays are looked for every so often (monotonic seconds).
+_strays_at: float | None = None
+STRAYS_EVERY_S = 1.0
 
 
 def start_fork_server() -> None:
     """Fork new workers from now on (pgsched serve); stays as it was where that is unavailable."""
-    global _fork_server
+    global _fork_server, _strays_at
     if _fork_server is None:
         _fork_server = ForkServer.start()
+        if _fork_server is not None and _strays_at is None:
+            _strays_at = time.monotonic()
 
 
-def stop_fork_server() -> None:
+def stop_fork_server(*, kill: bool = False) -> None:
+    """Start workers as processes from now on; kill: the fork server failed to answer."""
     global _fork_server
     if _fork_server is not None:
         server, _fork_server = _fork_server, None
-        server.stop()
+        server.stop(kill=kill)
 
 
 def reap_strays(workers: Iterable[int]) -> None:
-    """With the fork server, the scheduler is a subreaper: reap what a dead worker left behind."""
-    if _fork_server is not None:
-        _fork_server.reap_strays({*workers, _fork_server.proc.pid})
+    """As a subreaper, reap what dead workers left behind (every STRAYS_EVERY_S), and notice a fork
+    server that died (workers then start as processes)."""
+    global _strays_at
+    if _strays_at is None or time.monotonic() < _strays_at:
+        return
+    _strays_at = time.monotonic() + STRAYS_EVERY_S
+    if _fork_server is not None and _fork_server.proc.poll() is not None:
+        log.warning("the fork server %s: workers start as processes of their own from now on",
+                    describe_exit(_fork_server.proc.returncode))
+        stop_fork_server()
+    known = set(workers) | ({_fork_server.proc.pid} if _fork_server is not None else set())
+    forkserver.reap_strays(known)
 
 
 @dataclass
@@ -154,13 +173,12 @@ def launch(dsn: str, apps: tuple[str, ...] = ()) -> Worker:
     """Start one worker process; it reports 'ready' once connected (and its app modules imported)."""
     given = {"PGSCHED_WORKER_DSN": dsn, "PGSCHED_PARENT_PID": str(os.getpid()),
              "PGSCHED_APP_MODULES": ",".join(apps)}
-    global _fork_server
     if _fork_server is not None:
         try:
             pid, stdin_fd, stdout_fd = _fork_server.fork(given)
         except OSError as e:
             log.warning("%s: workers start as processes of their own from now on", e)
-            stop_fork_server()
+            stop_fork_server(kill=True)
         else:
             forked = Forked(pid, stdin_fd, stdout_fd)
             os.set_blocking(stdout_fd, False)

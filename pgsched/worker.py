@@ -23,7 +23,6 @@ marks start and end, so a worker that dies needs no clean-up of its own.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -39,7 +38,7 @@ import psycopg.conninfo
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pgsched import protocol, pyjob
+from pgsched import forkserver, protocol, pyjob
 from pgsched.protocol import Backend, Done, Failed, Lost, Ready
 
 EXIT_OK = 0
@@ -54,12 +53,7 @@ MAX_SCOPE_KEY = 200
 
 def _die_with_parent() -> None:
     """Linux: get SIGKILL when the scheduler dies, so no worker outlives it unsupervised."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except OSError:
-        pass
+    forkserver.prctl(forkserver.PR_SET_PDEATHSIG, signal.SIGKILL)
     # A scheduler that died before the call above sends no signal: we were re-parented already.
     parent = os.environ.get("PGSCHED_PARENT_PID")
     if parent and parent.isdigit() and os.getppid() != int(parent):

@@ -186,17 +186,26 @@ def test_worker_killed_mid_run_is_a_crash(jobs_db: str, serve: ServeFactory) -> 
 
 # -- 2. kill -9 of the scheduler, then restart ---------------------------------------------
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def test_scheduler_killed_then_restarted(jobs_db: str, serve: ServeFactory) -> None:
     dsn = jobs_db
     job = add_job(dsn, "'sleeper', '1 hour', config => '{\"s\": 30}', retry_period => '1 second'")
     first = serve(dsn, "--crash-wait", "2", "--shutdown-timeout", "1")
     run = running_run(dsn, job)
+    # The worker was forked by the fork server (pgsched/forkserver.py), and is the scheduler's child.
+    assert parent_of(run["worker_pid"]) == first.pid
+    assert b"pgsched.forkserver" in Path(f"/proc/{run['worker_pid']}/cmdline").read_bytes()
 
     first.signal(signal.SIGKILL)
     first.wait_exit(5)
     # Its worker dies with it (PR_SET_PDEATHSIG); the worker's backend, busy in pg_sleep, notices that
     # its client is gone (client_connection_check_interval) and aborts the job.
     wait_for(lambda: not pid_alive(run["worker_pid"]), 3, "the worker to die with its scheduler")
+    # And so does the fork server, and everything else the scheduler started.
+    wait_for(lambda: not pids_with_marker(first.tag), 3, "the scheduler's processes to die with it")
     assert wait_backend_gone(dsn, run["backend_pid"], 3) < 1.5
     assert query(dsn, "SELECT count(*) AS n FROM public.ran WHERE job_id = %s", (job,)) == [{"n": 0}]
     assert outcomes(dsn, job) == ["running"]  # until a scheduler finds it

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pgsched import launcher, protocol
+from pgsched import forkserver, launcher, protocol
 from pgsched.launcher import Worker
 
 E = TypeVar("E")
@@ -71,10 +71,19 @@ def main(dsn: str) -> dict[str, Any]:
             os._exit(0)
         os._exit(0)
     os.waitpid(middle, 0)
-    time.sleep(0.5)
     assert launcher._fork_server is not None
-    out["strays"] = launcher._fork_server.reap_strays({keep.pid, launcher._fork_server.proc.pid})
+    known = {keep.pid, launcher._fork_server.proc.pid}
+    strays = 0
+    deadline = time.monotonic() + 10
+    while strays == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        strays += forkserver.reap_strays(known)
+    out["strays"] = strays
     out["kept_alive"] = keep.proc.poll() is None
+    # A forked worker that cannot connect says so and exits with its own code, as a process would.
+    bad = launcher.launch("host=/nonexistent-socket-dir dbname=x connect_timeout=2")
+    out["bad_failed"] = isinstance(wait_for(bad, protocol.Failed), protocol.Failed)
+    out["bad_exit"] = launcher.reap(bad, timeout=5)
     # The fork server gone, workers start as processes of their own.
     launcher._fork_server.proc.kill()
     launcher._fork_server.proc.wait()

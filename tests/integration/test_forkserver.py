@@ -43,6 +43,8 @@ def test_forked_workers_are_the_launchers_children_in_their_own_sessions_and_run
     # A stray re-parented to the launcher is reaped; the live worker beside it is left alone.
     assert out["strays"] == 1
     assert out["kept_alive"] is True
+    assert out["bad_failed"] is True
+    assert out["bad_exit"] == 3  # pgsched.worker.EXIT_CONNECT
     # With the fork server dead, the next worker starts as a process of its own, and works.
     assert out["fallback_forked"] is False
     assert out["fallback_ready"] is True
