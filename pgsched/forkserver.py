@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -49,12 +50,19 @@ def prctl(option: int, value: int) -> bool:
         return False
 
 
+def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a worker starts with: the scheduler's, less its crash point (a test's
+    PGSCHED_CRASHPOINT is the scheduler's to hit, never a worker's)."""
+    return {k: v for k, v in environ.items() if k != "PGSCHED_CRASHPOINT"}
+
+
 class ForkServer:
     """The scheduler's side: start the server, ask it for workers, stop it."""
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.proc = proc
         self.sock = sock
+        self.sock.settimeout(REPLY_TIMEOUT_S)
 
     @classmethod
     def start(cls) -> ForkServer | None:
@@ -63,8 +71,7 @@ class ForkServer:
         if not sys.platform.startswith("linux") or not prctl(PR_SET_CHILD_SUBREAPER, 1):
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ)
-        env.pop("PGSCHED_CRASHPOINT", None)  # the scheduler's, for tests: never a worker's
+        env = worker_environ(os.environ)
         try:
             # Its own session: a hangup or signal to the scheduler's process group (a terminal's) is the
             # scheduler's to act on; the fork server goes when the scheduler does (PR_SET_PDEATHSIG).
@@ -89,7 +96,6 @@ class ForkServer:
         stdout_r, stdout_w = os.pipe()
         try:
             socket.send_fds(self.sock, [json.dumps(env).encode() + b"\n"], [stdin_r, stdout_w])
-            self.sock.settimeout(REPLY_TIMEOUT_S)
             reply = b""
             while not reply.endswith(b"\n"):
                 chunk = self.sock.recv(64)

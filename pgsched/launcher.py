@@ -183,8 +183,7 @@ def launch(dsn: str, apps: tuple[str, ...] = ()) -> Worker:
             forked = Forked(pid, stdin_fd, stdout_fd)
             os.set_blocking(stdout_fd, False)
             return Worker(proc=forked, pid=pid)
-    env = {**os.environ, **given}
-    env.pop("PGSCHED_CRASHPOINT", None)
+    env = {**forkserver.worker_environ(os.environ), **given}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgsched.worker"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True, close_fds=True,

@@ -84,7 +84,27 @@ def main(dsn: str) -> dict[str, Any]:
     bad = launcher.launch("host=/nonexistent-socket-dir dbname=x connect_timeout=2")
     out["bad_failed"] = isinstance(wait_for(bad, protocol.Failed), protocol.Failed)
     out["bad_exit"] = launcher.reap(bad, timeout=5)
-    # The fork server gone, workers start as processes of their own.
+    # A fork server that hangs (stopped) is given up on after its reply timeout and killed;
+    # that worker, and the next, start as processes of their own.
+    hung = launcher._fork_server.proc
+    os.kill(hung.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    after_hang = launcher.launch(dsn)
+    out["hung_fallback_s"] = time.monotonic() - started
+    out["hung_fallback_forked"] = isinstance(after_hang.proc, launcher.Forked)
+    out["hung_server_exit"] = hung.poll()
+    out["hung_fallback_ready"] = wait_for(after_hang, protocol.Ready).pid == after_hang.pid
+    out["hung_server_after"] = launcher._fork_server is None
+    after_hang.close_stdin()
+    launcher.reap(after_hang, timeout=5)
+    # A new fork server forks again; with it gone (killed), workers start as processes of their own.
+    launcher.start_fork_server()
+    assert launcher._fork_server is not None
+    restarted = launcher.launch(dsn)
+    out["restarted_forked"] = isinstance(restarted.proc, launcher.Forked)
+    out["restarted_ready"] = wait_for(restarted, protocol.Ready).pid == restarted.pid
+    restarted.close_stdin()
+    launcher.reap(restarted, timeout=5)
     launcher._fork_server.proc.kill()
     launcher._fork_server.proc.wait()
     fallback = launcher.launch(dsn)

@@ -45,6 +45,15 @@ def test_forked_workers_are_the_launchers_children_in_their_own_sessions_and_run
     assert out["kept_alive"] is True
     assert out["bad_failed"] is True
     assert out["bad_exit"] == 3  # pgsched.worker.EXIT_CONNECT
+    # A hung fork server is given up on within its reply timeout (1 s) and killed, and the
+    # worker starts as a process of its own.
+    assert 0.9 <= out["hung_fallback_s"] < 2.5
+    assert out["hung_fallback_forked"] is False
+    assert out["hung_server_exit"] == -9
+    assert out["hung_fallback_ready"] is True
+    assert out["hung_server_after"] is True
+    assert out["restarted_forked"] is True
+    assert out["restarted_ready"] is True
     # With the fork server dead, the next worker starts as a process of its own, and works.
     assert out["fallback_forked"] is False
     assert out["fallback_ready"] is True
