@@ -10,6 +10,7 @@
     ./dev bench scheduler scopes      one sharded job's plan fanning out to 10,000 scope runs, --max-workers 8
     ./dev bench scheduler all
     ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
+    ./dev bench scheduler burst --workers 16                   serve --max-workers 16 (default 8)
 
 
 The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
@@ -126,6 +127,8 @@ EXCLUDE = False
 JITTER = False
 CONCURRENCY = False
 DEPENDENCIES = False
+# serve --max-workers of the scenarios (--workers).
+WORKERS = 8
 
 
 def prioritise_half(dsn: str, priority: int = 10) -> None:
@@ -161,7 +164,7 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "10 seconds", fixed=True, delay_s=3, stagger_ms=10)
         use_workflow_settings(dsn, scheduled_dependents=True)
-        with scraped(http) as http_args, serve(dsn, "--max-workers", "8", *http_args):
+        with scraped(http) as http_args, serve(dsn, "--max-workers", str(WORKERS), *http_args):
             time.sleep(seconds)
         with psycopg.connect(dsn) as conn:
             # The job records clock_timestamp() as it starts: the actual start. Its plan is the slot it belongs to.
@@ -192,7 +195,7 @@ def burst() -> dict[str, Any]:
         add_jobs(dsn, 1000, "mark", "1 hour", fixed=True, delay_s=4)
         with psycopg.connect(dsn) as conn:
             due = conn.execute("SELECT min(initial_start) FROM pgsched.job").fetchone()
-        with serve(dsn, "--max-workers", "8"):
+        with serve(dsn, "--max-workers", str(WORKERS)):
             deadline = time.monotonic() + 30
             with psycopg.connect(dsn, autocommit=True) as conn:
                 while time.monotonic() < deadline:
@@ -205,7 +208,8 @@ def burst() -> dict[str, Any]:
                                    ).fetchone() if due else None
     assert row is not None
     return {"scenario": "burst", "started": row[0], "last_start_after_s": round(float(row[1]), 3),
-            "first_start_after_s": round(float(row[2]), 4), "target": "all 1000 started, the last within 2 s"}
+            "first_start_after_s": round(float(row[2]), 4), "workers": WORKERS,
+            "target": "all 1000 started, the last within 2 s"}
 
 
 def scopes(n: int = 10_000) -> dict[str, Any]:
@@ -220,7 +224,7 @@ def scopes(n: int = 10_000) -> dict[str, Any]:
             assert plan is not None
             conn.execute("SELECT pgsched.add_job('mark_scope', interval '1 hour', initial_start => %s, "
                          "scope_query => %s)", (plan[0], f"SELECT g FROM generate_series(1, {n}) g"))
-        with serve(dsn, "--max-workers", "8"), psycopg.connect(dsn, autocommit=True) as conn:
+        with serve(dsn, "--max-workers", str(WORKERS)), psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 row = conn.execute("SELECT count(*) FROM bench_scope").fetchone()
@@ -235,7 +239,7 @@ def scopes(n: int = 10_000) -> dict[str, Any]:
     assert row is not None
     return {"scenario": "scopes", "scope_runs": n, "started": row[0], "last_start_after_s": round(float(row[1]), 3),
             "first_start_after_s": round(float(row[2]), 3),
-            "keys_read_after_s": None if row[3] is None else round(float(row[3]), 3),
+            "keys_read_after_s": None if row[3] is None else round(float(row[3]), 3), "workers": WORKERS,
             "target": f"all {n} scope runs started within 3.5 s (issue 13)"}
 
 
@@ -245,7 +249,7 @@ def priority() -> dict[str, Any]:
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "1 hour", fixed=True, delay_s=4)
         prioritise_half(dsn)
-        with serve(dsn, "--max-workers", "8"), psycopg.connect(dsn, autocommit=True) as conn:
+        with serve(dsn, "--max-workers", str(WORKERS)), psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 row = conn.execute("SELECT count(DISTINCT job_id) FROM bench_start").fetchone()
@@ -286,7 +290,7 @@ def ageing(seconds: float = 30.0) -> dict[str, Any]:
             low = conn.execute("INSERT INTO pgsched.job (job_name, kind, proc_schema, proc_name, schedule) "
                                "VALUES ('low', 'proc', 'public', 'mark', '1 hour') RETURNING job_id").fetchone()
             assert low is not None
-            with serve(dsn, "--max-workers", "8") as (_, log):
+            with serve(dsn, "--max-workers", str(WORKERS)) as (_, log):
                 wait_for_log(log, "ready:", 30)
                 time.sleep(2)
                 due = conn.execute("UPDATE pgsched.job_stat SET next_start = now() WHERE job_id = %s "
@@ -332,7 +336,8 @@ def pgbench_tps(c: Cluster, clients: int, seconds: int) -> float:
     raise RuntimeError(out)
 
 
-def throughput(seconds: float = 20.0, workers: int = 8, http: bool = False) -> dict[str, Any]:
+def throughput(seconds: float = 20.0, workers: int | None = None, http: bool = False) -> dict[str, Any]:
+    workers = WORKERS if workers is None else workers
     with cluster() as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
         use_workflow_settings(dsn, scheduled_dependents=False)
@@ -390,7 +395,7 @@ def stats_now(proc: subprocess.Popen[bytes], log: Path) -> dict[str, float]:
 def idle(seconds: float = 60.0) -> dict[str, Any]:
     with cluster() as (_, dsn):
         add_jobs(dsn, 10_000, "noop", "1 hour", fixed=True, delay_s=3600)
-        with serve(dsn, "--max-workers", "8") as (proc, log):
+        with serve(dsn, "--max-workers", str(WORKERS)) as (proc, log):
             wait_for_log(log, "ready:", 60)
             time.sleep(3)
             pids = [proc.pid, *children(proc.pid)]
@@ -420,7 +425,7 @@ def scale() -> dict[str, Any]:
     with cluster() as (_, dsn):
         add_jobs(dsn, 100_000, "noop", "1 hour", fixed=True, delay_s=3600)
         t0 = time.monotonic()
-        with serve(dsn, "--max-workers", "8") as (proc, log):
+        with serve(dsn, "--max-workers", str(WORKERS)) as (proc, log):
             rec = wait_for_log(log, "ready:", 60)
             ready = time.monotonic() - t0
             time.sleep(2)
@@ -471,7 +476,7 @@ def startup(starts: int = 5, jobs: int = 16) -> dict[str, Any]:
                 conn.execute("TRUNCATE bench_start")
                 conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second'")
             t0 = time.time()
-            with serve(dsn, "--max-workers", "8") as (_, log):
+            with serve(dsn, "--max-workers", str(WORKERS)) as (_, log):
                 rec = wait_for_log(log, "ready:", 30)
                 instances.append(datetime_epoch(wait_for_log(log, "started (max_workers", 1)) - t0)
                 deadline = time.monotonic() + 30
@@ -512,6 +517,8 @@ def main() -> None:
                     help="lag and throughput: serve --http (scraped every second); both: off and on in turn "
                          "(off-on, on-off, ...), --rounds pairs, then the mean of each")
     ap.add_argument("--rounds", type=int, default=1, help="with --http both: how many off/on pairs")
+    ap.add_argument("--workers", type=int, default=8,
+                    help="serve --max-workers of every scenario but mixed (default 8)")
     ap.add_argument("--priorities", action="store_true",
                     help="lag and throughput: half the jobs at priority 10 (the setting used, not left at 0)")
     ap.add_argument("--exclude", action="store_true",
@@ -527,7 +534,8 @@ def main() -> None:
                     help="lag and throughput: half the jobs run after another (throughput: with no schedule of "
                          "their own; lag: keeping theirs, each plan checking its upstream succeeded)")
     args = ap.parse_args()
-    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES
+    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS
+    WORKERS = args.workers
     PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
     DEPENDENCIES = args.dependencies
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
