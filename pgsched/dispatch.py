@@ -1,5 +1,6 @@
 """Runs in hand: claiming due runs for idle workers, launching them, reading the workers'
-reports, timeouts and cancellation, and recording each end (mark_end, batched).
+reports, timeouts and cancellation, and recording each end (mark_end, batched: ends wait up to
+CLOSE_WAIT_S for others, to share a round trip with them and with the next claim).
 """
 
 from __future__ import annotations
@@ -27,8 +28,16 @@ from pgsched.store import Claimed, Closed, Finish
 
 log = logging.getLogger("pgsched.scheduler")
 
+# How long a run that ended may wait to be closed together with others (_closes_held).
+CLOSE_WAIT_S = 0.01
 # How many workers may be starting (launched, not yet connected) at once: one per core.
 STARTING_AT_ONCE = max(1, len(os.sched_getaffinity(0)))
+
+
+def closes_wait(ended: int, since: float, now: float, max_workers: int) -> bool:
+    """Whether `ended` runs, the first held back at `since`, wait for more before they are closed
+    (monotonic seconds): until two claims' worth ended, or for CLOSE_WAIT_S."""
+    return ended < 2 * max_workers and now < since + CLOSE_WAIT_S
 
 
 class Dispatch(LoopState):
@@ -42,8 +51,10 @@ class Dispatch(LoopState):
         idle = [w for w in self.workers.values() if w.idle]
         if not idle:
             return
-        # Runs that just ended are closed in the same round trip as the claim.
-        batch, self.pending = self.pending, []
+        # Runs that just ended are closed in the same round trip as the claim, unless they wait
+        # for more (_closes_held).
+        held = self._closes_held()
+        batch = [] if held else self._take_pending()
         try:
             claimed, next_due, closes = self.store.claim(
                 self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch)
@@ -54,8 +65,17 @@ class Dispatch(LoopState):
         if batch:
             crashpoint("after_mark_end")
         crashpoint("after_mark_start")
+        # The jobs of held-back closes are still running in the database: the claim's next_due
+        # leaves out their next starts, which only their runs' ends know.
+        nexts = [f.next_start for f in self.pending if f.next_start is not None] if held else []
+        if held and len(claimed) < len(idle):
+            # Fewer runs than idle workers: one of those jobs may be due. Closed now, and the
+            # plan looked at again at once.
+            self._flush(now=True)
         if claimed:
-            self.next_due = next_due
+            self.next_due = min([t for t in (next_due, *nexts) if t is not None], default=None)
+        elif held:
+            self.dirty = True
         else:
             # What looked due was taken, moved or is locked by someone's open transaction:
             # ask when the next one is, but do not spin on a row we cannot have.
@@ -406,10 +426,33 @@ class Dispatch(LoopState):
         if end.next_start is not None and (self.next_due is None or end.next_start < self.next_due):
             self.next_due = end.next_start
 
-    def _flush(self) -> None:
-        if not self.pending or self.store is None:
-            return
+    def _closes_held(self) -> bool:
+        """Whether the runs that ended (self.pending) wait for more before they are closed.
+
+        A close's database cost is mostly its statements' start, whatever the number of runs
+        (bench/claim_close.py): under load, closes that wait up to CLOSE_WAIT_S, or until two
+        claims' worth of runs ended, share one round trip. The price: a run's end is written up
+        to CLOSE_WAIT_S later (its job's next run, a dependent's plan, a concurrency key's place
+        wait as long), and a scheduler killed meanwhile leaves it to be closed as a crash.
+        """
+        if not self.pending or self.stopping:
+            return False
+        now = time.monotonic()
+        if self._pending_since is None:
+            self._pending_since = now
+        return closes_wait(len(self.pending), self._pending_since, now, self.settings.max_workers)
+
+    def _take_pending(self) -> list[Finish]:
+        """The runs to close now, all of them."""
         batch, self.pending = self.pending, []
+        self._pending_since = None
+        return batch
+
+    def _flush(self, *, now: bool = False) -> None:
+        """Close the runs that ended, unless they wait for more (now: they do not)."""
+        if not self.pending or self.store is None or (not now and self._closes_held()):
+            return
+        batch = self._take_pending()
         try:
             closes = self.store.close_runs(batch)
         except psycopg.Error:

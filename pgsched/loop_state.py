@@ -41,7 +41,8 @@ class LoopState:
         self._purger = Purger(settings.dsn, settings.purge_interval)
         self.workers: dict[int, Worker] = {}
         self.runs: dict[int, Run] = {}
-        self.pending: list[Finish] = []
+        self.pending: list[Finish] = []  # runs that ended, to close (dispatch: _flush)
+        self._pending_since: float | None = None  # when the oldest of them was first held back
         self.next_due: datetime | None = None
         self.dirty = True
         self.stopping = False

@@ -3,8 +3,8 @@
 It waits on the LISTEN connection's socket, the workers' pipes and a signal
 wake-up pipe, with a timeout at the earliest of: the next job's start, a run's
 deadline, the next heartbeat or the safety re-read. Then it reaps what ended
-(mark_end, one transaction for all of them), enforces timeouts, and claims
-what is due for its idle workers (mark_start, one statement). Time is database
+(mark_end, one transaction for all of them, held up to 10 ms for more), enforces
+timeouts, and claims what is due for its idle workers (mark_start, one statement). Time is database
 time (clock.py). `run(until=...)` bounds the loop for tests. A schema that does
 not serve this code's internal API (pgsched/api.py), found on connect, on a
 reconnect or after an SQL error, stops the loop with SchemaVersionMismatch.
@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from pgsched import __version__, app, catchup, launcher, schedule
+from pgsched import __version__, app, catchup, dispatch, launcher, schedule
 from pgsched.config import redact
 from pgsched.errors import DeployError, SchemaVersionMismatch, first_line
 from pgsched.requests import Requests
@@ -357,7 +357,9 @@ class Scheduler(Requests):
             if limit is not None:
                 candidates.append(limit)
         if self.pending:
-            candidates.append(0.05 if self.store is None else self._flush_at - now_mono)
+            close_at = self._flush_at if self._pending_since is None else \
+                max(self._flush_at, self._pending_since + dispatch.CLOSE_WAIT_S)
+            candidates.append(0.05 if self.store is None else close_at - now_mono)
         if self.store is not None and self.store.notified:
             candidates.append(0)  # read during a statement of this round: act on it now
         return max(0.0, min(candidates))

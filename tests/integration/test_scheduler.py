@@ -9,7 +9,9 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
+from pgsched import dispatch
 from pgsched.scheduler import Scheduler, Settings
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -277,3 +279,53 @@ def test_garbage_written_by_a_superuser_disables_each_bad_job_and_spares_the_res
     assert "unknown time zone" in reasons[bad["bad tz"]]
     assert runs_of(jobs, ok, "failure") == 0 and runs_of(jobs, ok, "crash") == 0
     assert one(jobs, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'running'") == 0
+
+
+def test_ended_runs_are_closed_in_batches_of_two_claims_worth(db: str, jobs: Conn,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Held back for as long as it takes (no time limit), ends are closed eight at a time with
+    # four workers: one close transaction (the rows' xmin) per eight runs, each still a success.
+    monkeypatch.setattr(dispatch, "CLOSE_WAIT_S", 60.0)
+    ids = [one(jobs, "SELECT add_job('hit', '1 hour')") for _ in range(24)]
+    # Stopped as soon as the last run ended: the stop closes what is held back, at once.
+    t0 = time.monotonic()
+    run_scheduler(db, lambda s: s.runs_ended >= 24, max_workers=4)
+    assert time.monotonic() - t0 < 15
+    batches = [n for (n,) in jobs.execute(
+        "SELECT count(*) FROM pgsched.job_run WHERE job_id = ANY (%s) GROUP BY xmin::text ORDER BY 1 DESC",
+        (ids,)).fetchall()]
+    assert sum(batches) == 24
+    assert all(n >= 8 for n in batches[:2]), batches
+    assert len(batches) <= 4, batches
+    assert one(jobs, "SELECT sum(total_successes) FROM job_stats WHERE job_id = ANY (%s)", ids) == 24
+
+
+def test_a_job_due_again_before_its_end_is_closed_is_not_held_up(db: str, jobs: Conn,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its end held back, the job is still running in the database when it is next due: the claim
+    # comes back short, and the held-back ends are closed at once and the claim made again (not
+    # after the hold, nor after CLOSE_WAIT_S).
+    monkeypatch.setattr(dispatch, "CLOSE_WAIT_S", 60.0)
+    j = one(jobs, "SELECT add_job('hit', '10 milliseconds')")
+    t0 = time.monotonic()
+    serve(db, lambda: time.monotonic() - t0 > 2.0, max_workers=2)
+    assert runs_of(jobs, j, "success") >= 20
+    assert runs_of(jobs, j) == runs_of(jobs, j, "success")
+
+
+def test_a_job_whose_end_was_held_back_runs_at_its_next_start(db: str, jobs: Conn) -> None:
+    # One worker. `a` runs first; `b`, due 5 ms later, is claimed while a's end is still held
+    # back, so that claim cannot see a's next start (a is still running in the database): the
+    # scheduler keeps it from a's end, rather than learn it at its next heartbeat or safety
+    # re-read (20 and 30 s here). b naps 3 s; a's next run starts as soon as b's worker is free.
+    at = one(jobs, "SELECT now() + interval '4 seconds'")
+    a = one(jobs, "SELECT add_job('hit', '2 seconds', initial_start => %s)", at)
+    b = one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 3}', "
+                  "initial_start => %s + interval '5 milliseconds')", at)
+    t0 = time.monotonic()
+    serve(db, lambda: runs_of(jobs, a, "success") >= 2 or time.monotonic() - t0 > 20, max_workers=1,
+          safety_interval=30.0, heartbeat_interval=20.0, dead_after=60.0)
+    assert [r[0] for r in jobs.execute("SELECT job_id FROM job_history ORDER BY started_at").fetchall()] == [a, b, a]
+    waited = one(jobs, "SELECT extract(epoch FROM (SELECT max(started_at) FROM job_history WHERE job_id = %s) "
+                       "- (SELECT finished_at FROM job_history WHERE job_id = %s))", a, b)
+    assert 0 <= waited < 1.0, waited
