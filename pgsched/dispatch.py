@@ -63,25 +63,28 @@ class Dispatch(LoopState):
             raise
         self._log_closes(batch, closes)
         if batch:
+            self._flush_at = 0.0
             crashpoint("after_mark_end")
         crashpoint("after_mark_start")
         # The jobs of held-back closes are still running in the database: the claim's next_due
         # leaves out their next starts, which only their runs' ends know.
         nexts = [f.next_start for f in self.pending if f.next_start is not None] if held else []
-        if held and len(claimed) < len(idle):
-            # Fewer runs than idle workers: one of those jobs may be due. Closed now, and the
-            # plan looked at again at once.
-            self._flush(now=True)
         if claimed:
             self.next_due = min([t for t in (next_due, *nexts) if t is not None], default=None)
-        elif held:
-            self.dirty = True
+        elif held and nexts:
+            self.next_due = min(nexts)  # closed below: then claimable at their next starts
         else:
             # What looked due was taken, moved or is locked by someone's open transaction:
-            # ask when the next one is, but do not spin on a row we cannot have.
+            # ask when the next one is, but do not spin on a row we cannot have (unless it was
+            # one of ours, held back: closed below, and looked at again at once).
             self.dirty = True
-            self._hold_claims_until = time.monotonic() + 0.05
+            if not held:
+                self._hold_claims_until = time.monotonic() + 0.05
         self._launch_claimed(claimed, "claimed")
+        if held and len(claimed) < len(idle):
+            # Fewer runs than idle workers: one of the held-back jobs may be due. Closed now,
+            # after the claimed runs went to their workers (were the close refused, they run).
+            self._flush(now=True)
 
     def _launch_claimed(self, claimed: list[Claimed], how: str) -> None:
         """Hand each claimed (or taken-over) run to its worker; a run that cannot run disables its job."""
@@ -435,8 +438,8 @@ class Dispatch(LoopState):
         to CLOSE_WAIT_S later (its job's next run, a dependent's plan, a concurrency key's place
         wait as long), and a scheduler killed meanwhile leaves it to be closed as a crash.
         """
-        if not self.pending or self.stopping:
-            return False
+        if not self.pending or self.stopping or any(f.scopes is not None for f in self.pending):
+            return False  # a plan run's close queues its scope runs: at once
         now = time.monotonic()
         if self._pending_since is None:
             self._pending_since = now
@@ -459,6 +462,7 @@ class Dispatch(LoopState):
             self.pending = batch + self.pending  # written after reconnecting; _mark_end is idempotent
             self._flush_at = time.monotonic() + 1.0  # not in a tight loop if the database refuses it
             raise
+        self._flush_at = 0.0
         self._log_closes(batch, closes)
         crashpoint("after_mark_end")
 

@@ -77,6 +77,9 @@ class Requests(Recovery):
         if self.stopping or self.standby:
             self._triggers.clear()
             return
+        # A triggered job's last run may have ended with its close held back (dispatch): until
+        # it is written, the job is still running in the database and the trigger would wait.
+        self._flush(now=True)
         for key, give_up in list(self._triggers.items()):
             job_id, plan_time = key
             if time.monotonic() > give_up:

@@ -329,3 +329,30 @@ def test_a_job_whose_end_was_held_back_runs_at_its_next_start(db: str, jobs: Con
     waited = one(jobs, "SELECT extract(epoch FROM (SELECT max(started_at) FROM job_history WHERE job_id = %s) "
                        "- (SELECT finished_at FROM job_history WHERE job_id = %s))", a, b)
     assert 0 <= waited < 1.0, waited
+
+
+def test_a_held_end_is_written_at_once_while_the_scheduler_has_nothing_else_to_do(db: str, jobs: Conn) -> None:
+    # After the only run, the loop wakes for the held-back end itself (dispatch.CLOSE_WAIT_S), not
+    # at its next heartbeat or safety re-read (20 and 30 s here).
+    j = one(jobs, "SELECT add_job('hit', '1 hour')")
+    sched = Scheduler(Settings(dsn=db, max_workers=1, crash_wait=1.0, safety_interval=30.0,
+                               heartbeat_interval=20.0, dead_after=60.0))
+    seen: dict[str, float] = {}
+
+    def watch() -> None:
+        with psycopg.connect(db, autocommit=True) as c:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and "written" not in seen:
+                if sched.runs_ended >= 1:
+                    seen.setdefault("ended", time.monotonic())
+                if one(c, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = 'success'", j):
+                    seen["written"] = time.monotonic()
+                time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    deadline = time.monotonic() + 15
+    sched.run(until=lambda: "written" in seen or time.monotonic() > deadline)
+    watcher.join()
+    assert "written" in seen
+    assert seen["written"] - seen.get("ended", seen["written"]) < 0.5
