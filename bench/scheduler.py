@@ -336,8 +336,8 @@ def pgbench_tps(c: Cluster, clients: int, seconds: int) -> float:
     raise RuntimeError(out)
 
 
-def throughput(seconds: float = 20.0, workers: int | None = None, http: bool = False) -> dict[str, Any]:
-    workers = WORKERS if workers is None else workers
+def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
+    workers = WORKERS
     with cluster() as (c, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
         use_workflow_settings(dsn, scheduled_dependents=False)
