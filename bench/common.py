@@ -56,6 +56,15 @@ def cluster(*, install: bool = True, settings: dict[str, str] | None = None) -> 
         c.destroy()
 
 
+def serve_default_workers() -> int:
+    """`serve`'s own default --max-workers in the tree measured (8 before it came from the machine)."""
+    try:
+        from pgsched.settings import default_max_workers
+    except ImportError:
+        return 8
+    return default_max_workers()
+
+
 def spawn_serve(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
     """Start `pgsched serve` with JSON logs written to `log`; the caller stops it."""
     with open(log, "wb") as f:

@@ -1,6 +1,6 @@
 """Where a trivial run's CPU goes (issue 13: at most 0.6 ms a run, all processes counted).
 
-    ./dev bench cpu_split [--workers 8] [--seconds 20] [--rounds 1] [--dependencies]
+    ./dev bench cpu_split [--workers N] [--seconds 20] [--rounds 1] [--dependencies]
 
 The throughput load of `./dev bench scheduler throughput` (400 trivial function jobs always due,
 a fresh cluster, `serve --max-workers N`); over --seconds, the CPU (user + system, from /proc) of
@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 import scheduler
-from common import children, cluster, cpu_seconds, serve, wait_for_log
+from common import children, cluster, cpu_seconds, serve, serve_default_workers, wait_for_log
 from scheduler import add_jobs
 
 PARTS = ("scheduler", "workers", "scheduler_backend", "worker_backends", "postgres_other")
@@ -77,7 +77,8 @@ def one_round(workers: int, seconds: float, dependencies: bool) -> dict[str, Any
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=8, help="serve --max-workers (default 8)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="serve --max-workers (default: serve's own, 8 per CPU core, at most 16)")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the measure (default 20)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, each on a fresh cluster (default 1)")
     ap.add_argument("--dependencies", action="store_true",
@@ -86,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     for i in range(args.rounds):
         for deps in ((False, True) if i % 2 == 0 else (True, False)) if args.dependencies else (False,):
-            print(json.dumps(one_round(args.workers, args.seconds, deps)), flush=True)
+            print(json.dumps(one_round(args.workers or serve_default_workers(), args.seconds, deps)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
 """Benchmarks for `pgsched serve` (issue 3's targets), each against its own fresh cluster.
 
     ./dev bench scheduler lag         start lag, 1,000 jobs on staggered 10 s intervals
-    ./dev bench scheduler burst       1,000 jobs due at one instant, --max-workers 8
+    ./dev bench scheduler burst       1,000 jobs due at one instant
     ./dev bench scheduler throughput  trivial jobs, runs/s, vs pgbench on the same SQL; transactions per run
     ./dev bench scheduler idle        10,000 jobs none due for 60 s: scheduler CPU and queries/s
     ./dev bench scheduler scale       100,000 jobs: time to ready and RSS
     ./dev bench scheduler startup     from `serve` to the first runs of 16 jobs already due (5 starts)
     ./dev bench scheduler mixed       200 SQL jobs and 200 Python handlers: runs/s of each
-    ./dev bench scheduler scopes      one sharded job's plan fanning out to 10,000 scope runs, --max-workers 8
+    ./dev bench scheduler scopes      one sharded job's plan fanning out to 10,000 scope runs
     ./dev bench scheduler all
     ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
-    ./dev bench scheduler burst --workers 16                   serve --max-workers 16 (default 8)
+    ./dev bench scheduler burst --workers 8                    serve --max-workers 8 (default: serve's own)
 
 
 The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from common import children, cluster, cpu_seconds, serve, tree_cpu_seconds, wait_for_log
+from common import children, cluster, cpu_seconds, serve, serve_default_workers, tree_cpu_seconds, wait_for_log
 
 from pgsched.embedded import Cluster, free_port
 
@@ -116,7 +116,7 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # must stay as fast). --jitter: half of them (the odd ids) with a jitter of 10 ms (the lag counts
 # from the delayed start, so that it measures the scheduler, not the delay asked for).
 # --concurrency: half of them (the odd ids) on one concurrency key with a limit of 100, so every
-# claim takes the key's lock and counts its runs, and the limit never binds (8 workers).
+# claim takes the key's lock and counts its runs, and the limit never binds (16 workers or fewer).
 # --dependencies: half of them (the odd ids) run after the job before them (an even id). In throughput,
 # with no schedule of their own ('@after': each success of the upstream gives the dependent a plan, due at
 # once, which the claim starts like a scheduled job's); in lag, keeping their schedule (each plan
@@ -127,7 +127,7 @@ EXCLUDE = False
 JITTER = False
 CONCURRENCY = False
 DEPENDENCIES = False
-# serve --max-workers of the scenarios (--workers).
+# serve --max-workers of the scenarios (--workers; serve's own default unless given).
 WORKERS = 8
 
 
@@ -244,7 +244,7 @@ def scopes(n: int = 10_000) -> dict[str, Any]:
 
 
 def priority() -> dict[str, Any]:
-    """1,000 jobs due at one instant, the even half at priority 10, 8 workers: the high half must
+    """1,000 jobs due at one instant, the even half at priority 10 (--workers): the high half must
     all start before any of the low half (issue 14)."""
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "1 hour", fixed=True, delay_s=4)
@@ -281,7 +281,7 @@ def priority() -> dict[str, Any]:
 
 
 def ageing(seconds: float = 30.0) -> dict[str, Any]:
-    """400 jobs at priority 10 always due keep 8 workers busy; one job at priority 0 is due at T:
+    """400 jobs at priority 10 always due keep the workers busy; one job at priority 0 is due at T:
     it starts about 10 s after T (the difference in priorities), not never (issue 14's bound)."""
     with cluster() as (_, dsn):
         add_jobs(dsn, 400, "noop", "1 millisecond", fixed=False, delay_s=0)
@@ -517,8 +517,9 @@ def main() -> None:
                     help="lag and throughput: serve --http (scraped every second); both: off and on in turn "
                          "(off-on, on-off, ...), --rounds pairs, then the mean of each")
     ap.add_argument("--rounds", type=int, default=1, help="with --http both: how many off/on pairs")
-    ap.add_argument("--workers", type=int, default=8,
-                    help="serve --max-workers of every scenario but mixed (default 8)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="serve --max-workers of every scenario but mixed (default: serve's own, "
+                         "8 per CPU core, at most 16)")
     ap.add_argument("--priorities", action="store_true",
                     help="lag and throughput: half the jobs at priority 10 (the setting used, not left at 0)")
     ap.add_argument("--exclude", action="store_true",
@@ -535,7 +536,7 @@ def main() -> None:
                          "their own; lag: keeping theirs, each plan checking its upstream succeeded)")
     args = ap.parse_args()
     global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS
-    WORKERS = args.workers
+    WORKERS = args.workers or serve_default_workers()
     PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
     DEPENDENCIES = args.dependencies
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]

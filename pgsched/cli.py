@@ -138,7 +138,7 @@ def _embedded_dsn() -> str:
 @main.command()
 @dsn_option
 @click.option("--max-workers", type=click.IntRange(1, 1000), default=None,
-              help="Runs at once (default 8).")
+              help="Runs at once (default 8 per CPU core, at most 16).")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=None,
               help="Seconds SIGTERM waits for running jobs before cancelling them (default 30).")
 @click.option("--crash-wait", type=click.FloatRange(0), default=None,

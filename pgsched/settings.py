@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from pgsched.errors import ConfigError
+
+# serve's default --max-workers: this many per CPU core of the scheduler's machine, at most
+# MAX_DEFAULT_WORKERS. More idle workers make each claim larger, and a claim costs the database
+# and the scheduler nearly as much for 16 runs as for 4 (README "Performance", issue 13); each
+# worker holds a connection, so the default stays within what a server with PostgreSQL's
+# default max_connections (100) has room for, for a few instances.
+WORKERS_PER_CORE = 8
+MAX_DEFAULT_WORKERS = 16
+
+
+def default_max_workers(cores: int | None = None) -> int:
+    """The default max_workers for a machine with `cores` CPU cores (None: the cores this process may use)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_DEFAULT_WORKERS, WORKERS_PER_CORE * cores))
 
 
 @dataclass(frozen=True)
@@ -12,7 +28,7 @@ class Settings:
     """How one `pgsched serve` behaves; all durations in seconds."""
 
     dsn: str
-    max_workers: int = 8
+    max_workers: int = field(default_factory=default_max_workers)
     shutdown_timeout: float = 30.0
     crash_wait: float = 300.0  # after a scheduler start, a crashed job waits this long before running again
     safety_interval: float = 30.0  # re-read the catalog at least this often, NOTIFY or not

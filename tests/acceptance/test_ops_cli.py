@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pgsched.settings import default_max_workers
 from tests.acceptance.conftest import ServeFactory, wait_for
 from tests.acceptance.test_serve import FAST, SETUP_SQL, add_job, history, stats
 
@@ -156,7 +157,8 @@ def test_trigger_cancel_status_instances_and_environment(dsn: str, serve: ServeF
     assert r.returncode == 1 and "no run in progress" in r.stderr
 
     inst = ok_json("instances", "--dsn", dsn)
-    assert len(inst) == 1 and inst[0]["alive"] and inst[0]["pid"] == s.pid and inst[0]["max_workers"] >= 1
+    assert len(inst) == 1 and inst[0]["alive"] and inst[0]["pid"] == s.pid
+    assert inst[0]["max_workers"] == default_max_workers()  # serve's default: the machine's
     st = cli("status", "--dsn", dsn, "--json")
     assert st.returncode == 0, st.stdout + st.stderr
     body = json.loads(st.stdout)

@@ -5,12 +5,18 @@ from __future__ import annotations
 import pytest
 
 from pgsched.errors import ConfigError
-from pgsched.settings import Settings
+from pgsched.settings import Settings, default_max_workers
 
 
 def test_the_defaults_are_consistent() -> None:
     s = Settings(dsn="")
     assert (s.heartbeat_interval, s.dead_after) == (2.0, 10.0)
+    assert s.max_workers == default_max_workers()
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 8), (2, 16), (3, 16), (64, 16), (0, 1)])
+def test_the_default_worker_count_is_eight_per_core_at_most_sixteen(cores: int, workers: int) -> None:
+    assert default_max_workers(cores) == workers
 
 
 @pytest.mark.parametrize(("heartbeat", "dead_after"), [(5.0, 10.0), (2.0, 2.0), (0.5, 1.0)])
