@@ -36,9 +36,8 @@ from typing import IO, Any
 import psycopg
 import psycopg.conninfo
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from pgsched import forkserver, protocol, pyjob
+from pgsched import forkserver, oneround, protocol, pyjob
 from pgsched.protocol import Backend, Done, Failed, Lost, Ready
 
 EXIT_OK = 0
@@ -79,35 +78,27 @@ SET_UP = ("pg_catalog.set_config('application_name', %s, false), pg_catalog.set_
           "pg_catalog.set_config('pgsched.plan_time', %s, false), pg_catalog.set_config('pgsched.scope', %s, false)")
 
 
-# A function job's statement: the set-up, then the call, one round trip.
-INLINE = "SELECT " + SET_UP + ","
-
-
 def _set_up_values(msg: dict[str, Any]) -> tuple[str, str, str, str]:
     """SET_UP's parameters for a run (its role is the session's: see Session)."""
     return str(msg["app"]), str(msg["run_id"]), str(msg["plan_time"]), str(msg.get("scope") or "")
 
 
 @functools.lru_cache(maxsize=1024)
-def _call(proc_schema: str, proc_name: str, prefix: str) -> str:
-    """`prefix` proc(job_id, config), kept per (proc, prefix): a job's statement is the same text
-    at every run. The proc's name is quoted as identifiers, with a '%' in it doubled: psycopg reads
-    placeholders in the whole text, quoted or not (prefix's own %s are placeholders). Text, not
-    bytes: it is encoded in the session's client encoding, as the name is stored."""
+def _call(proc_schema: str, proc_name: str, is_procedure: bool, encoding: str) -> bytes:
+    """The statement of a function or procedure job, kept per proc: its text is the same at every
+    run. A function's carries the run's set-up ($1-$4, evaluated before the call), then
+    proc(job_id, config); CALL cannot carry it, so a procedure's is the call alone ($1, $2).
+    Encoded in the session's client encoding, as the proc's name is stored."""
     name = sql.SQL("{}.{}").format(sql.Identifier(proc_schema), sql.Identifier(proc_name)).as_string(None)
-    return f"{prefix} {name.replace('%', '%%')}(%s::integer, %s::jsonb)"
+    if is_procedure:
+        return f"CALL {name}($1::integer, $2::jsonb)".encode(encoding)
+    return f"SELECT {SET_UP % ('$1', '$2', '$3', '$4')}, {name}($5::integer, $6::jsonb)".encode(encoding)
 
 
-def _params(msg: dict[str, Any]) -> tuple[Any, ...]:
+def _call_params(msg: dict[str, Any], encoding: str) -> list[bytes | None]:
+    """The call's job_id and config, as text (the statement casts them)."""
     config = msg.get("config")
-    return (msg["job_id"], None if config is None else Jsonb(config))
-
-
-def job_statement(msg: dict[str, Any]) -> tuple[sql.SQL | str, tuple[Any, ...] | None]:
-    """The statement that runs a job: CALL/SELECT proc(job_id, config), or the command text."""
-    if msg["kind"] == "command":
-        return sql.SQL(msg["command"]), None
-    return _call(msg["proc_schema"], msg["proc_name"], "CALL" if msg["is_procedure"] else "SELECT"), _params(msg)
+    return [str(int(msg["job_id"])).encode(), None if config is None else json.dumps(config).encode(encoding)]
 
 
 class Session:
@@ -176,41 +167,55 @@ def _wait_for_start(msg: dict[str, Any]) -> None:
         time.sleep(min(delay, 1.0))
 
 
-def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob.Heartbeat) -> Done:
-    """Execute one run; the result message for the parent."""
+def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob.Heartbeat) -> tuple[Done, bool]:
+    """Execute one run: the result message for the parent, and whether the session was reset after it."""
     run_id = int(msg["run_id"])
     set_up = _set_up_values(msg)
     if msg.get("scope_query"):
-        return _fan_out(conn, msg, run_id, set_up)
-    if msg["kind"] == "python":
-        try:
-            conn.execute("SELECT " + SET_UP, set_up)
-        except psycopg.Error as e:
-            return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
-                        message=protocol.cap(e.diag.message_primary or str(e)))
-        _wait_for_start(msg)
-        return pyjob.run(conn, msg, heartbeat)
+        return _fan_out(conn, msg, run_id, set_up), False
     try:
-        stmt, params = job_statement(msg)
-        inline = msg["kind"] == "proc" and not msg["is_procedure"]
-        if not inline:
-            # CALL and command text cannot carry the set-up: it takes its own round trip.
+        if msg["kind"] != "proc" or msg["is_procedure"]:
+            # A Python handler, a CALL and command text cannot carry the set-up: it takes its own round trip.
             conn.execute("SELECT " + SET_UP, set_up)
-        _wait_for_start(msg)
-        if inline:
-            # One round trip for a function job: the set-up is evaluated before the call.
-            stmt, params = _call(msg["proc_schema"], msg["proc_name"], INLINE), (*set_up, *(params or ()))
-        conn.execute(stmt, params)
+    except psycopg.Error as e:
+        return _failed(conn, run_id, e), False
+    _wait_for_start(msg)
+    if msg["kind"] == "python":
+        return pyjob.run(conn, msg, heartbeat), False
+    if msg["kind"] == "proc":
+        return _run_proc(conn, msg, run_id, set_up)
+    try:
+        conn.execute(sql.SQL(msg["command"]))
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             # A command like 'BEGIN; UPDATE ...' left its transaction open: nothing of it is
             # committed, and the session must be clean for the next run.
             conn.execute("ROLLBACK")
             return Done(run_id, ok=False, sqlstate="25001",
-                        message="the job left a transaction open (BEGIN without COMMIT); it was rolled back")
+                        message="the job left a transaction open (BEGIN without COMMIT); it was rolled back"), False
     except psycopg.Error as e:
-        return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
-                    message=protocol.cap(e.diag.message_primary or str(e) or type(e).__name__))
-    return Done(run_id, ok=True)
+        return _failed(conn, run_id, e), False
+    return Done(run_id, ok=True), False
+
+
+def _failed(conn: psycopg.Connection[Any], run_id: int, e: psycopg.Error) -> Done:
+    return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
+                message=protocol.cap(e.diag.message_primary or str(e) or type(e).__name__))
+
+
+def _run_proc(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int,
+              set_up: tuple[str, ...]) -> tuple[Done, bool]:
+    """A function or procedure job's call and the session reset after it, in one round trip
+    (pgsched.oneround); a reset that did not happen is done again by the caller."""
+    encoding = conn.info.encoding
+    params = _call_params(msg, encoding)
+    if not msg["is_procedure"]:
+        params[:0] = [v.encode(encoding) for v in set_up]
+    ended = oneround.run_and_reset(conn, _call(msg["proc_schema"], msg["proc_name"], bool(msg["is_procedure"]),
+                                               encoding), params)
+    if ended.ok:
+        return Done(run_id, ok=True), ended.reset
+    return Done(run_id, ok=False, sqlstate=ended.sqlstate, lost=ended.lost,
+                message=protocol.cap(ended.message or "the job's statement failed")), ended.reset
 
 
 def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, set_up: tuple[str, ...]) -> Done:
@@ -312,12 +317,12 @@ def main() -> int:
                 continue
             _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
                                database=session.database))
-        result = run_one(session.conn, msg, heartbeat)
+        result, was_reset = run_one(session.conn, msg, heartbeat)
         # Report first, then reset: the reset overlaps the parent's bookkeeping.
         _emit(out, result)
         if result.lost:
             return EXIT_LOST
-        if not reset_session(session.conn):
+        if not was_reset and not reset_session(session.conn):
             _emit(out, Lost())
             return EXIT_LOST
     return EXIT_LOST if session.conn.closed or session.conn.broken else EXIT_OK

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgsched import launcher, protocol
 from pgsched.launcher import Worker
@@ -180,6 +181,124 @@ def test_a_function_whose_name_holds_percent_signs_is_the_one_called(db: str, co
             done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
             assert done[-1].ok is True, done
         assert [r[0] for r in conn.execute("SELECT name FROM called").fetchall()] == ["a%%b", "a%b", "p%s"]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
+# What a run may leave in its session: a setting, a temp table, a session advisory lock, a LISTEN,
+# and (last, as it changes who runs the rest) another current role. The function and the procedure
+# note their backend, to show that the next run had the same session.
+LEAVE = """
+    PERFORM set_config('myapp.left', 'yes', false);
+    CREATE TEMP TABLE left_tmp (x int);
+    PERFORM pg_advisory_lock(4242);
+    EXECUTE 'LISTEN left_channel';
+    INSERT INTO left_by VALUES (pg_backend_pid());
+    PERFORM set_config('role', 'isolation_other', false);
+"""
+# The same, then prepared statements and a holdable cursor, which only command text can leave.
+LEAVE_COMMAND = ("SELECT set_config('myapp.left', 'yes', false); CREATE TEMP TABLE left_tmp (x int); "
+                 "SELECT pg_advisory_lock(4242); LISTEN left_channel; INSERT INTO left_by VALUES (pg_backend_pid()); "
+                 "PREPARE left_stmt AS SELECT 1; DECLARE left_cur CURSOR WITH HOLD FOR SELECT 1; "
+                 "SET ROLE isolation_other")
+# What the next run sees of it (a setting once set reads '' after a reset; the run's own unnamed
+# portal is a cursor without a name).
+PROBE = """INSERT INTO seen VALUES (
+    pg_backend_pid(), nullif(current_setting('myapp.left', true), ''), current_user::text,
+    to_regclass('pg_temp.left_tmp') IS NOT NULL,
+    (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+    (SELECT count(*) FROM pg_listening_channels()), (SELECT count(*) FROM pg_prepared_statements),
+    (SELECT count(*) FROM pg_cursors WHERE name <> ''))"""
+
+
+@pytest.mark.parametrize("left_by", ["function", "procedure", "command", "failed function", "failed procedure"])
+def test_nothing_a_run_leaves_in_its_session_reaches_the_next_run(db: str, conn: Conn, left_by: str) -> None:
+    """The worker resets its session after every run, the function and procedure runs' reset sent
+    with their call (pgsched.oneround), a failed run's too: the next run on the same session sees no
+    setting, role, temp table, advisory lock, LISTEN, prepared statement or cursor of the last."""
+    conn.execute("DO $$ BEGIN CREATE ROLE isolation_other; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    conn.execute("CREATE TABLE left_by (pid int)")
+    conn.execute("CREATE TABLE seen (pid int, setting text, role text, temp_table boolean, advisory_locks bigint, "
+                 "listening bigint, prepared bigint, cursors bigint)")
+    conn.execute("GRANT INSERT ON left_by, seen TO isolation_other")
+    fail = "RAISE EXCEPTION 'failed on purpose';" if left_by.startswith("failed") else ""
+    for kind in ("FUNCTION", "PROCEDURE"):
+        returns = "RETURNS void" if kind == "FUNCTION" else ""
+        conn.execute(f"CREATE {kind} public.leave_{kind.lower()}(job_id int, config jsonb) {returns} "
+                     f"LANGUAGE plpgsql AS $$BEGIN {LEAVE} {fail} END$$")
+    conn.execute(f"CREATE FUNCTION public.probe(job_id int, config jsonb) RETURNS void LANGUAGE sql AS $${PROBE}$$")
+    w, backend, role = connected_worker(db, conn)
+    try:
+        if left_by == "command":
+            leave = {**insert_run(role), "command": LEAVE_COMMAND}
+        else:
+            kind = left_by.split()[-1]
+            leave = function_run(role, 1, f"leave_{kind}", procedure=kind == "procedure")
+        w.send(leave)
+        done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+        assert done[-1].ok is not bool(fail), done
+        if fail:
+            assert done[-1].sqlstate == "P0001" and done[-1].message == "failed on purpose", done
+        else:
+            assert conn.execute("SELECT pid FROM left_by").fetchall() == [(backend,)]
+        w.send(function_run(role, 2, "probe"))
+        done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+        assert done[-1].ok is True, done
+        assert conn.execute("SELECT * FROM seen").fetchall() == [(backend, None, role, False, 0, 0, 0, 0)]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
+def test_a_procedure_job_may_commit_between_its_steps(db: str, conn: Conn) -> None:
+    """A procedure's CALL is alone in its transaction (the session reset follows it, after a Sync):
+    it may COMMIT, and what it committed before it failed stays committed."""
+    conn.execute("CREATE TABLE steps (n int)")
+    conn.execute("""CREATE PROCEDURE public.stepwise(job_id int, config jsonb) LANGUAGE plpgsql AS $$
+                    BEGIN
+                        INSERT INTO steps VALUES (1); COMMIT;
+                        INSERT INTO steps VALUES (2); COMMIT;
+                        IF (config->>'fail')::boolean THEN
+                            INSERT INTO steps VALUES (3);
+                            RAISE EXCEPTION 'step 3 failed';
+                        END IF;
+                    END $$""")
+    w, _, role = connected_worker(db, conn)
+    try:
+        for run_id, fail in ((1, False), (2, True)):
+            w.send(function_run(role, run_id, "stepwise", procedure=True, config={"fail": fail}))
+            done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+            assert (done[-1].ok, done[-1].sqlstate, done[-1].message) == (
+                (False, "P0001", "step 3 failed") if fail else (True, None, None)), done
+        assert conn.execute("SELECT n FROM steps ORDER BY n").fetchall() == [(1,), (1,), (2,), (2,)]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
+@pytest.mark.parametrize("procedure", [False, True])
+def test_a_call_whose_session_is_terminated_reports_the_run_lost_and_the_worker_exits(
+        db: str, conn: Conn, procedure: bool) -> None:
+    """A function or procedure run and its reset travel together (pgsched.oneround): when the
+    server ends the session in the middle of the call, the worker reports the run lost (with the
+    server's message) instead of waiting for the reset's answer, and exits to be replaced."""
+    kind, returns = ("PROCEDURE", "") if procedure else ("FUNCTION", "RETURNS void")
+    conn.execute(f"CREATE {kind} public.sleepy(job_id int, config jsonb) {returns} LANGUAGE sql "
+                 "AS $$SELECT pg_sleep(30)$$")
+    w, backend, role = connected_worker(db, conn)
+    try:
+        w.send(function_run(role, 1, "sleepy", procedure=procedure))
+        active = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state = 'active' AND query LIKE '%%sleepy%%'"
+        deadline = time.monotonic() + 5
+        while not conn.execute(active, (backend,)).fetchone():
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.02)
+        conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+        assert (done[-1].ok, done[-1].lost, done[-1].sqlstate) == (False, True, "57P01"), done
+        assert done[-1].message and "terminat" in done[-1].message, done
+        assert launcher.reap(w, timeout=5) == 4  # EXIT_LOST
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)

@@ -1,0 +1,102 @@
+"""A job's statement and the session reset after it, sent to the server in one round trip.
+
+The worker runs a function or procedure job as one pipeline (libpq's pipeline mode, through
+psycopg's libpq wrapper `psycopg.pq`): the job's statement, then DISCARD ALL, each followed by
+a Sync. The server takes them one after the other without waiting for the worker, so a run
+costs the worker and its backend one exchange instead of two. Each Sync ends
+its statement's transaction: the job's work is committed (or rolled back) before the reset, and
+the reset runs outside any transaction, as DISCARD ALL must; a procedure's CALL is alone in its
+transaction, so it may COMMIT. A job that fails does not stop the reset after its Sync: a failed
+run's session is reset all the same.
+
+Command text (pg_cron-style, possibly several statements) needs the simple query protocol,
+which has no pipeline: the worker runs it and resets the session in two exchanges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+RESET = b"DISCARD ALL"
+# libpq answers None once between two statements' results; more in a row means nothing else is coming.
+_MAX_NONE_IN_A_ROW = 3
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the pipeline did: the statement's error (its SQLSTATE and message; none when it
+    succeeded), whether the session was reset, and whether the connection was lost."""
+
+    sqlstate: str | None = None
+    message: str | None = None
+    reset: bool = False
+    lost: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.message is None
+
+
+def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[bytes | None]) -> Ended:
+    """Execute `query` (its placeholders $1, $2, ...; `params` as text, None for NULL), then
+    DISCARD ALL, each in its own transaction, in one round trip.
+
+    `conn` is in autocommit mode and idle on entry, and left so unless the connection was lost.
+    """
+    pg = conn.pgconn
+    encoding = conn.info.encoding
+    pg.enter_pipeline_mode()
+    res: pq.abc.PGresult | None = None
+    reset = lost = False
+    try:
+        pg.send_query_params(query, params or None)
+        pg.pipeline_sync()
+        pg.send_query_params(RESET, None)
+        pg.pipeline_sync()
+        res, lost = _until_sync(pg)
+        if not lost:
+            done, lost = _until_sync(pg)
+            reset = done is not None and done.status == pq.ExecStatus.COMMAND_OK
+    finally:
+        if pg.status == pq.ConnStatus.BAD:
+            lost = True
+        else:
+            pg.exit_pipeline_mode()
+    if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
+        return Ended(sqlstate=_text(res.error_field(pq.DiagnosticField.SQLSTATE), encoding),
+                     message=(_text(res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY), encoding)
+                              or _text(res.error_message, encoding) or "the job's statement failed"),
+                     reset=reset, lost=lost)
+    if lost:
+        return Ended(message=_text(pg.error_message, encoding) or "the connection was lost", lost=True)
+    return Ended(reset=reset)
+
+
+def _until_sync(pg: pq.abc.PGconn) -> tuple[pq.abc.PGresult | None, bool]:
+    """The result of the statement before the next Sync (its error if it failed, None if it
+    returned none) and whether the connection was lost meanwhile."""
+    first: pq.abc.PGresult | None = None
+    none_in_a_row = 0
+    while True:
+        res = pg.get_result()
+        if res is None:
+            none_in_a_row += 1
+            if pg.status == pq.ConnStatus.BAD or none_in_a_row > _MAX_NONE_IN_A_ROW:
+                return first, True
+            continue
+        none_in_a_row = 0
+        if res.status == pq.ExecStatus.PIPELINE_SYNC:
+            return first, False
+        if first is None or (res.status == pq.ExecStatus.FATAL_ERROR and first.status != pq.ExecStatus.FATAL_ERROR):
+            first = res  # the first error says why (a terminated session's, before libpq's "server closed")
+        if pg.status == pq.ConnStatus.BAD:
+            return first, True
+
+
+def _text(raw: bytes | None, encoding: str) -> str | None:
+    return raw.decode(encoding, "replace").strip() or None if raw else None
