@@ -1,16 +1,18 @@
 """A job's statement and the session reset after it, sent to the server in one round trip.
 
-The worker runs a function or procedure job as one pipeline (libpq's pipeline mode, through
-psycopg's libpq wrapper `psycopg.pq`): the job's statement, then DISCARD ALL, each followed by
-a Sync. The server takes them one after the other without waiting for the worker, so a run
-costs the worker and its backend one exchange instead of two. Each Sync ends
-its statement's transaction: the job's work is committed (or rolled back) before the reset, and
-the reset runs outside any transaction, as DISCARD ALL must; a procedure's CALL is alone in its
-transaction, so it may COMMIT. A job that fails does not stop the reset after its Sync: a failed
-run's session is reset all the same.
+The worker runs a function or procedure job, and command text of one statement, as one
+pipeline (libpq's pipeline mode, through psycopg's libpq wrapper `psycopg.pq`): the job's
+statement, then DISCARD ALL, each followed by a Sync. The server takes them one after the
+other without waiting for the worker, so a run costs the worker and its backend one exchange
+instead of two. Each Sync ends its statement's transaction: the job's work is committed (or
+rolled back) before the reset, and the reset runs outside any transaction, as DISCARD ALL must;
+a procedure's CALL is alone in its transaction, so it may COMMIT. A job that fails does not
+stop the reset after its Sync: a failed run's session is reset all the same.
 
-Command text (pg_cron-style, possibly several statements) needs the simple query protocol,
-which has no pipeline: the worker runs it and resets the session in two exchanges.
+Each statement is sent as PQexecParams sends one alone (Parse, Bind, Execute, Sync), so a
+command such as VACUUM runs as it would by itself. Command text of several statements
+(pg_cron-style) needs the simple query protocol, which has no pipeline: the worker runs it and
+resets the session in two exchanges (worker.one_statement decides).
 """
 
 from __future__ import annotations

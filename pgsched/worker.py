@@ -184,8 +184,14 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
         return pyjob.run(conn, msg, heartbeat), False
     if msg["kind"] == "proc":
         return _run_proc(conn, msg, run_id, set_up)
+    command: str = msg["command"]
     try:
-        conn.execute(sql.SQL(msg["command"]))
+        if one_statement(command):
+            ended = oneround.run_and_reset(conn, command.encode(conn.info.encoding), ())
+            if ended.reset or ended.lost or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                return _ended(run_id, ended), ended.reset
+        else:
+            conn.execute(sql.SQL(command))  # several statements: the simple query protocol, no pipeline
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             # A command like 'BEGIN; UPDATE ...' left its transaction open: nothing of it is
             # committed, and the session must be clean for the next run.
@@ -195,6 +201,14 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     except psycopg.Error as e:
         return _failed(conn, run_id, e), False
     return Done(run_id, ok=True), False
+
+
+def one_statement(command: str) -> bool:
+    """Whether command text is surely one statement that runs as it would alone (pgsched.oneround):
+    no ';' but a final one (a ';' in a string or a DO block is taken as a separator: such a command
+    takes the simple query protocol, as before), and no COPY (which a pipeline cannot carry)."""
+    body = command.rstrip().rstrip(";")
+    return ";" not in body and "copy" not in body.lower()
 
 
 def _failed(conn: psycopg.Connection[Any], run_id: int, e: psycopg.Error) -> Done:
@@ -212,10 +226,14 @@ def _run_proc(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int,
         params[:0] = [v.encode(encoding) for v in set_up]
     ended = oneround.run_and_reset(conn, _call(msg["proc_schema"], msg["proc_name"], bool(msg["is_procedure"]),
                                                encoding), params)
+    return _ended(run_id, ended), ended.reset
+
+
+def _ended(run_id: int, ended: oneround.Ended) -> Done:
     if ended.ok:
-        return Done(run_id, ok=True), ended.reset
+        return Done(run_id, ok=True)
     return Done(run_id, ok=False, sqlstate=ended.sqlstate, lost=ended.lost,
-                message=protocol.cap(ended.message or "the job's statement failed")), ended.reset
+                message=protocol.cap(ended.message or "the job's statement failed"))
 
 
 def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, set_up: tuple[str, ...]) -> Done:

@@ -202,6 +202,9 @@ LEAVE_COMMAND = ("SELECT set_config('myapp.left', 'yes', false); CREATE TEMP TAB
                  "SELECT pg_advisory_lock(4242); LISTEN left_channel; INSERT INTO left_by VALUES (pg_backend_pid()); "
                  "PREPARE left_stmt AS SELECT 1; DECLARE left_cur CURSOR WITH HOLD FOR SELECT 1; "
                  "SET ROLE isolation_other")
+# The same in one statement, which takes the pipeline with its reset (pgsched.oneround).
+LEAVE_ONE_STATEMENT = ("SELECT set_config('myapp.left', 'yes', false), pg_advisory_lock(4242), "
+                       "set_config('role', 'isolation_other', false)")
 # What the next run sees of it (a setting once set reads '' after a reset; the run's own unnamed
 # portal is a cursor without a name).
 PROBE = """INSERT INTO seen VALUES (
@@ -212,7 +215,8 @@ PROBE = """INSERT INTO seen VALUES (
     (SELECT count(*) FROM pg_cursors WHERE name <> ''))"""
 
 
-@pytest.mark.parametrize("left_by", ["function", "procedure", "command", "failed function", "failed procedure"])
+@pytest.mark.parametrize("left_by", ["function", "procedure", "command", "one-statement command", "failed function",
+                                     "failed procedure"])
 def test_nothing_a_run_leaves_in_its_session_reaches_the_next_run(db: str, conn: Conn, left_by: str) -> None:
     """The worker resets its session after every run, the function and procedure runs' reset sent
     with their call (pgsched.oneround), a failed run's too: the next run on the same session sees no
@@ -230,8 +234,8 @@ def test_nothing_a_run_leaves_in_its_session_reaches_the_next_run(db: str, conn:
     conn.execute(f"CREATE FUNCTION public.probe(job_id int, config jsonb) RETURNS void LANGUAGE sql AS $${PROBE}$$")
     w, backend, role = connected_worker(db, conn)
     try:
-        if left_by == "command":
-            leave = {**insert_run(role), "command": LEAVE_COMMAND}
+        if left_by.endswith("command"):
+            leave = {**insert_run(role), "command": LEAVE_COMMAND if left_by == "command" else LEAVE_ONE_STATEMENT}
         else:
             kind = left_by.split()[-1]
             leave = function_run(role, 1, f"leave_{kind}", procedure=kind == "procedure")
@@ -240,7 +244,7 @@ def test_nothing_a_run_leaves_in_its_session_reaches_the_next_run(db: str, conn:
         assert done[-1].ok is not bool(fail), done
         if fail:
             assert done[-1].sqlstate == "P0001" and done[-1].message == "failed on purpose", done
-        else:
+        elif left_by != "one-statement command":
             assert conn.execute("SELECT pid FROM left_by").fetchall() == [(backend,)]
         w.send(function_run(role, 2, "probe"))
         done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
@@ -299,6 +303,29 @@ def test_a_call_whose_session_is_terminated_reports_the_run_lost_and_the_worker_
         assert (done[-1].ok, done[-1].lost, done[-1].sqlstate) == (False, True, "57P01"), done
         assert done[-1].message and "terminat" in done[-1].message, done
         assert launcher.reap(w, timeout=5) == 4  # EXIT_LOST
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
+def test_one_statement_commands_run_as_alone_and_a_transaction_left_open_is_rolled_back(db: str, conn: Conn) -> None:
+    """Command text of one statement travels with the session reset (pgsched.oneround), as
+    PQexecParams would send it alone: VACUUM may run (it is in no transaction block), a failure
+    reports its SQLSTATE, a lone BEGIN fails the run as a transaction left open, rolled back,
+    and the next run's session is clean; several statements still run (the simple protocol)."""
+    w, _, role = connected_worker(db, conn)
+    try:
+        for run_id, (command, want) in enumerate((
+                ("VACUUM ran", (True, None)),
+                ("INSERT INTO ran VALUES (1);", (True, None)),
+                ("INSERT INTO no_such_table VALUES (1)", (False, "42P01")),
+                ("BEGIN", (False, "25001")),
+                ("INSERT INTO ran VALUES (2); INSERT INTO ran VALUES (3)", (True, None))), start=1):
+            w.send({**insert_run(role), "run_id": run_id, "command": command})
+            done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+            assert (done[-1].ok, done[-1].sqlstate) == want, (command, done)
+        # 2 and 3 are committed: the run after BEGIN was not inside the transaction it left.
+        assert [r[0] for r in conn.execute("SELECT x FROM ran ORDER BY x").fetchall()] == [1, 2, 3]
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
