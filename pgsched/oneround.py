@@ -54,7 +54,10 @@ def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[
     encoding = conn.info.encoding
     pg.enter_pipeline_mode()
     res: pq.abc.PGresult | None = None
-    reset = lost = False
+    # Whether the statement's Sync was answered: its transaction ended, so its outcome is known
+    # even if the connection is lost during the reset (the worker then reports the run as it
+    # ended, and its lost session afterwards; a committed run is not a crash).
+    ended = reset = False
     try:
         pg.send_query_params(query, params or None)
         pg.pipeline_sync()
@@ -62,19 +65,18 @@ def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[
         pg.pipeline_sync()
         res, lost = _until_sync(pg)
         if not lost:
-            done, lost = _until_sync(pg)
+            ended = True
+            done, _ = _until_sync(pg)
             reset = done is not None and done.status == pq.ExecStatus.COMMAND_OK
     finally:
-        if pg.status == pq.ConnStatus.BAD:
-            lost = True
-        else:
+        if pg.status != pq.ConnStatus.BAD:
             pg.exit_pipeline_mode()
     if res is not None and res.status == pq.ExecStatus.FATAL_ERROR:
         return Ended(sqlstate=_text(res.error_field(pq.DiagnosticField.SQLSTATE), encoding),
                      message=(_text(res.error_field(pq.DiagnosticField.MESSAGE_PRIMARY), encoding)
                               or _text(res.error_message, encoding) or "the job's statement failed"),
-                     reset=reset, lost=lost)
-    if lost:
+                     reset=reset, lost=not ended)
+    if not ended:
         return Ended(message=_text(pg.error_message, encoding) or "the connection was lost", lost=True)
     return Ended(reset=reset)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -182,13 +183,14 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     _wait_for_start(msg)
     if msg["kind"] == "python":
         return pyjob.run(conn, msg, heartbeat), False
-    if msg["kind"] == "proc":
-        return _run_proc(conn, msg, run_id, set_up)
-    command: str = msg["command"]
     try:
+        if msg["kind"] == "proc":
+            return _run_proc(conn, msg, run_id, set_up)
+        command: str = msg["command"]
         if one_statement(command):
             ended = oneround.run_and_reset(conn, command.encode(conn.info.encoding), ())
-            if ended.reset or ended.lost or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            if (ended.reset or ended.lost or conn.closed
+                    or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
                 return _ended(run_id, ended), ended.reset
         else:
             conn.execute(sql.SQL(command))  # several statements: the simple query protocol, no pipeline
@@ -200,15 +202,24 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
                         message="the job left a transaction open (BEGIN without COMMIT); it was rolled back"), False
     except psycopg.Error as e:
         return _failed(conn, run_id, e), False
+    except UnicodeEncodeError as e:
+        return Done(run_id, ok=False, sqlstate="22021", message=protocol.cap(
+            f"the run's text has characters that the session's client encoding ({conn.info.encoding}) "
+            f"cannot represent: {e.reason}")), False
     return Done(run_id, ok=True), False
 
 
 def one_statement(command: str) -> bool:
     """Whether command text is surely one statement that runs as it would alone (pgsched.oneround):
     no ';' but a final one (a ';' in a string or a DO block is taken as a separator: such a command
-    takes the simple query protocol, as before), and no COPY (which a pipeline cannot carry)."""
+    takes the simple query protocol, as before), no COPY (which a pipeline cannot carry) and no $n
+    (a parameter, which the simple protocol refuses as "there is no parameter $1", where the
+    pipeline's Bind would fail as a protocol violation)."""
     body = command.rstrip().rstrip(";")
-    return ";" not in body and "copy" not in body.lower()
+    return ";" not in body and "copy" not in body.lower() and _PARAMETER.search(body) is None
+
+
+_PARAMETER = re.compile(r"\$[0-9]")
 
 
 def _failed(conn: psycopg.Connection[Any], run_id: int, e: psycopg.Error) -> Done:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import threading
 import time
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
 
-from pgsched import launcher, protocol
+from pgsched import launcher, protocol, pyjob, worker
 from pgsched.launcher import Worker
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -329,3 +333,113 @@ def test_one_statement_commands_run_as_alone_and_a_transaction_left_open_is_roll
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
+
+
+def _proxy_cutting_before_the_reset(db: str) -> str:
+    """A DSN through a proxy that forwards a session both ways, except that it closes it right
+    after passing on a pipelined run's statement and Sync, before its DISCARD ALL reaches the server."""
+    params = psycopg.conninfo.conninfo_to_dict(db)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve() -> None:
+        client, _ = listener.accept()
+        server = socket.socket(socket.AF_UNIX)
+        server.connect(f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}")
+
+        def down() -> None:
+            with contextlib.suppress(OSError):
+                while data := server.recv(65536):
+                    client.sendall(data)
+
+        threading.Thread(target=down, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                # The reset's Parse message: 'P', its length (4 bytes), the unnamed statement's "".
+                at = data.find(b"\x00DISCARD ALL\x00")
+                if at > 5 and b"\x00DISCARD ALL\x00" not in data[:5]:
+                    server.sendall(data[:at - 5])  # the run's statement and its Sync only
+                    time.sleep(0.5)  # their answer reaches the worker
+                    client.shutdown(socket.SHUT_RDWR)
+                    break
+                server.sendall(data)
+        client.close()
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return psycopg.conninfo.make_conninfo(db, host="127.0.0.1", port=str(listener.getsockname()[1]),
+                                          sslmode="disable")
+
+
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+def test_a_run_whose_session_is_lost_during_the_reset_is_reported_as_it_ended(
+        db: str, conn: Conn, outcome: str) -> None:
+    """The run's Sync was answered, so its transaction ended: a session lost only during the reset
+    after it does not turn a committed run (or a plain failure) into a crash. The worker reports
+    the run as it ended, then its lost session, and exits to be replaced."""
+    conn.execute("CREATE TABLE ran (x int)")
+    conn.execute("CREATE FUNCTION public.ins(job_id int, config jsonb) RETURNS void LANGUAGE sql "
+                 "AS $$INSERT INTO ran VALUES (job_id)$$")
+    w = launcher.launch(_proxy_cutting_before_the_reset(db))
+    try:
+        ready = events(w, protocol.Ready)[-1]
+        assert isinstance(ready, protocol.Ready)
+        w.send(function_run(str(ready.role), 1, "ins" if outcome == "success" else "no_such_function"))
+        seen = events(w, protocol.Lost)
+        done = [e for e in seen if isinstance(e, protocol.Done)]
+        assert len(done) == 1 and done[0].lost is False, seen
+        if outcome == "success":
+            assert done[0].ok is True, seen
+            assert conn.execute("SELECT x FROM ran").fetchall() == [(1,)]
+        else:
+            assert (done[0].ok, done[0].sqlstate) == (False, "42883"), seen
+        assert launcher.reap(w, timeout=5) == 4  # EXIT_LOST: replaced, as for any lost session
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
+def test_a_run_on_a_session_already_gone_is_reported_lost(db: str, conn: Conn) -> None:
+    """The pipeline cannot even be sent (the server ended the session a moment before): the run is
+    reported lost, as a run whose connection died, not a worker that died of an exception."""
+    conn.execute("CREATE FUNCTION public.noop2(job_id int, config jsonb) RETURNS void LANGUAGE sql AS 'SELECT NULL'")
+    session = worker.Session(db)
+    try:
+        conn.execute("SELECT pg_terminate_backend(%s)", (session.backend_pid,))
+        time.sleep(0.3)
+        for _ in range(2):  # the first finds out, the second starts on a session known to be closed
+            done, reset = worker.run_one(session.conn, function_run(session.role, 1, "noop2"), pyjob.Heartbeat(db))
+            assert (done.ok, done.lost, reset) == (False, True, False), done
+    finally:
+        session.conn.close()
+
+
+def test_a_scope_the_database_encoding_cannot_carry_fails_the_run_not_the_worker(db: str, conn: Conn) -> None:
+    """An SQL_ASCII database: a run whose scope key is not ASCII fails with 22021, saying why,
+    instead of raising out of the worker, and the session runs the next run. (Driven through
+    run_one: the scheduler's own database is not SQL_ASCII, a job's `database` may be.)"""
+    conn.execute("CREATE DATABASE ascii_only ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    ascii_db = psycopg.conninfo.make_conninfo(db, dbname="ascii_only")
+    try:
+        with psycopg.connect(ascii_db, autocommit=True) as a:
+            a.execute("CREATE TABLE ran (x int)")
+            a.execute("CREATE FUNCTION public.ins(job_id int, config jsonb) RETURNS void LANGUAGE sql "
+                      "AS $$INSERT INTO ran VALUES (job_id)$$")
+            session = worker.Session(ascii_db)
+            try:
+                role = str(a.execute("SELECT current_user").fetchone()[0].decode())  # type: ignore[index]
+                for run_id, scope in ((1, "München"), (2, "Munich")):
+                    done, _ = worker.run_one(session.conn, function_run(role, run_id, "ins", scope=scope),
+                                             pyjob.Heartbeat(ascii_db))
+                    if scope == "Munich":
+                        assert done.ok is True, done
+                    else:
+                        assert (done.ok, done.sqlstate) == (False, "22021"), done
+                        assert done.message and "client encoding" in done.message, done
+                    assert worker.reset_session(session.conn)
+                assert a.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+            finally:
+                session.conn.close()
+    finally:
+        conn.execute("DROP DATABASE ascii_only WITH (FORCE)")

@@ -18,6 +18,9 @@ from pgsched.worker import one_statement
     ("SELECT 'a;b'", False),
     ("COPY t TO '/tmp/t.csv'", False),
     ("select * from copy_log", False),  # conservative: any "copy"
+    ("SELECT $1", False),  # a parameter: the simple protocol's "there is no parameter $1", as before
+    ("SELECT '$5 off'", False),  # conservative: any $ and digit
+    ("DO $$BEGIN PERFORM pg_sleep(0) END$$", True),  # a dollar quote is not a parameter
 ])
-def test_only_text_that_is_surely_one_statement_and_no_copy_takes_the_pipeline(command: str, one: bool) -> None:
+def test_only_surely_one_statement_without_copy_or_parameters_takes_the_pipeline(command: str, one: bool) -> None:
     assert one_statement(command) is one
