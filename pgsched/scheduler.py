@@ -184,8 +184,10 @@ class Scheduler(Requests):
             if b.schedule is None or b.schedule.by_database:
                 continue
             # Lateness counts from when the plan became due, its jitter included: a plan of a
-            # catch_up = 'none' job that waited for its jitter is not late for that.
-            now = self.clock.now() - b.jitter
+            # catch_up = 'none' job that waited for its jitter is not late for that. The horizon is
+            # the claim's (claim_ahead): a plan the next claim takes ahead of its time is the latest
+            # one, else the decision could choose the plan before it a few ms before it is claimed.
+            now = self.clock.now() + timedelta(seconds=self.settings.claim_ahead) - b.jitter
             try:
                 d = catchup.decide(b.schedule, b.policy, plan=schedule.plan_of(b.next_start, b.schedule_delay),
                                    horizon=schedule.plan_of(now, b.schedule_delay))
