@@ -39,10 +39,6 @@ class Ended:
     reset: bool = False
     lost: bool = False
 
-    @property
-    def ok(self) -> bool:
-        return self.message is None
-
 
 def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[bytes | None]) -> Ended:
     """Execute `query` (its placeholders $1, $2, ...; `params` as text, None for NULL), then

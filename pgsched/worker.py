@@ -189,8 +189,8 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
         command: str = msg["command"]
         if one_statement(command):
             ended = oneround.run_and_reset(conn, command.encode(conn.info.encoding), ())
-            if (ended.reset or ended.lost or conn.closed
-                    or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
+            # Not idle on a live session: the command began a transaction (a lone BEGIN), below.
+            if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
                 return _ended(run_id, ended), ended.reset
         else:
             conn.execute(sql.SQL(command))  # several statements: the simple query protocol, no pipeline
@@ -241,10 +241,9 @@ def _run_proc(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int,
 
 
 def _ended(run_id: int, ended: oneround.Ended) -> Done:
-    if ended.ok:
+    if ended.message is None:
         return Done(run_id, ok=True)
-    return Done(run_id, ok=False, sqlstate=ended.sqlstate, lost=ended.lost,
-                message=protocol.cap(ended.message or "the job's statement failed"))
+    return Done(run_id, ok=False, sqlstate=ended.sqlstate, lost=ended.lost, message=protocol.cap(ended.message))
 
 
 def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, set_up: tuple[str, ...]) -> Done:
@@ -347,7 +346,7 @@ def main() -> int:
             _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
                                database=session.database))
         result, was_reset = run_one(session.conn, msg, heartbeat)
-        # Report first, then reset: the reset overlaps the parent's bookkeeping.
+        # Report first, then reset (unless the run's pipeline did): the reset overlaps the parent's bookkeeping.
         _emit(out, result)
         if result.lost:
             return EXIT_LOST
