@@ -1,12 +1,14 @@
 """The scheduler's two per-run statements, the claim and the close, timed against another release.
 
-    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150] [--concurrency] [--dependencies]
+    ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150] [--runs 8] [--concurrency]
+                            [--dependencies]
 
 One cluster, two databases: `a` gets the schema of the release at git ref --against (checked out
 into a temporary worktree and installed by its own `pgsched.migrate`), `b` this tree's. Each has
 400 trivial jobs always due. A client then does what a scheduler's round does, with raw SQL and
-8 runs a round: close the 8 runs of the previous round, claim 8 more (0.1.0's `_finish_runs` and
-`_claim`; this release's `_close_runs` and `_claim_v2`). Blocks of --block rounds alternate
+--runs runs a round (8 unless given): close the runs of the previous round, claim as many more
+(0.1.0's `_finish_runs` and `_claim`; this release's `_close_runs` and `_claim_v2`), as a
+scheduler with that many idle workers does. Blocks of --block rounds alternate
 between the two databases --rounds times, so that both see the same machine; the figures are the
 medians of the blocks' mean milliseconds per statement. No Python of either scheduler is timed:
 this isolates the database's side of a round. --dependencies: half of this tree's jobs (the odd
@@ -40,8 +42,9 @@ STATEMENTS = {
     "b": ("SELECT run_id, started_at, lease_token, job_id FROM pgsched._claim_v2(%s, %s, %s, '0', '{}')",
           "SELECT * FROM pgsched._close_runs(%s)"),
 }
-WORKERS = list(range(100_000, 100_008))
-BACKENDS = list(range(200_000, 200_008))
+# The pids of the workers claimed for, and of their backends (never looked up): --runs of each.
+WORKERS: list[int] = []
+BACKENDS: list[int] = []
 
 
 def install(dsn: str, tree: Path) -> None:
@@ -102,11 +105,16 @@ def main() -> None:
     ap.add_argument("--against", default="9971113", help="git ref of the other release (default: 0.1.0)")
     ap.add_argument("--rounds", type=int, default=12, help="blocks per database")
     ap.add_argument("--block", type=int, default=150, help="claim+close rounds per block")
+    ap.add_argument("--runs", type=int, default=8, help="runs claimed and closed a round (idle workers)")
     ap.add_argument("--concurrency", action="store_true",
                     help="this tree's jobs: half on one concurrency key with a limit of 100 (never binding)")
     ap.add_argument("--dependencies", action="store_true",
                     help="this tree's jobs: half run after the job before them (no schedule of their own)")
     args = ap.parse_args()
+    if not 1 <= args.runs <= 400:
+        ap.error("--runs: between 1 and 400 (the jobs always due)")
+    WORKERS[:] = range(100_000, 100_000 + args.runs)
+    BACKENDS[:] = range(200_000, 200_000 + args.runs)
     other = Path(tempfile.mkdtemp(prefix="pgsched-bench-release-")) / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
                    check=True, capture_output=True)
@@ -136,12 +144,14 @@ def main() -> None:
             for _ in range(args.rounds):
                 for c in clients.values():
                     c.block(args.block)
-            out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": 8,
+            out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": args.runs,
                                    "concurrency": args.concurrency, "dependencies": args.dependencies}
             for name, c in clients.items():
                 label = args.against if name == "a" else "this tree"
-                out[label] = {"claim_ms": round(statistics.median(c.claim_ms), 3),
-                              "close_ms": round(statistics.median(c.close_ms), 3)}
+                claim_ms, close_ms = statistics.median(c.claim_ms), statistics.median(c.close_ms)
+                # The database's side of one run: its share of a claim and of a close.
+                out[label] = {"claim_ms": round(claim_ms, 3), "close_ms": round(close_ms, 3),
+                              "us_per_run": round(1000 * (claim_ms + close_ms) / args.runs, 1)}
                 c.conn.close()
             a, b = clients["a"], clients["b"]
             out["claim_ratio"] = round(statistics.median(b.claim_ms) / statistics.median(a.claim_ms), 3)
