@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from pgsched import catchup
+from pgsched.scheduler import Scheduler
+from pgsched.settings import Settings
+from pgsched.store import Store
 from tests.integration.test_scheduler import Conn, one, serve
 
 MINUTE = timedelta(minutes=1)
@@ -199,3 +202,36 @@ def test_none_counts_lateness_from_the_plans_jittered_start(db: str, hits: Conn)
     hits.execute("UPDATE pgsched.job_stat SET next_start = %s WHERE job_id = %s", (plan, job))
     serve(db, lambda: bool(ran(hits, job)) or bool(missed(hits, job)), timeout=10)
     assert (ran(hits, job), missed(hits, job)) == ([plan], [])
+
+
+class _StoppedClock:
+    """The scheduler's clock held at one instant: the catch-up decision's 'now' is the test's."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+    def anchor(self, db_now: datetime, rtt: float = 0.0) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("before_plan", "latest_is_that_plan"), [
+    (timedelta(milliseconds=6), True),  # within claim_ahead: the next claim takes it ahead, so it is the latest
+    (timedelta(milliseconds=30), False),  # beyond it: the plan before is the latest
+])
+def test_latest_is_taken_at_the_claims_horizon(db: str, hits: Conn, before_plan: timedelta,
+                                               latest_is_that_plan: bool) -> None:
+    # The decision a few ms before a plan is due: with a 'now' of the decision's own, 'latest'
+    # chose the plan before, and the claim 8 ms later started it a whole period late (CI, 3d0d824).
+    job, _ = behind_job(hits)
+    plan = one(hits, "SELECT date_trunc('minute', now()) - interval '2 minutes'")
+    sched = Scheduler(Settings(dsn=db, claim_ahead=0.02), clock=_StoppedClock(plan - before_plan))
+    sched.store = Store(db, sched.clock)
+    try:
+        sched._catch_up()
+    finally:
+        sched.store.close()
+    chosen = one(hits, "SELECT next_start FROM pgsched.job_stat WHERE job_id = %s", job)
+    assert chosen == (plan if latest_is_that_plan else plan - MINUTE)
