@@ -209,6 +209,9 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     return Done(run_id, ok=True), False
 
 
+_PARAMETER = re.compile(r"\$[0-9]")
+
+
 def one_statement(command: str) -> bool:
     """Whether command text is surely one statement that runs as it would alone (pgsched.oneround):
     no ';' but a final one (a ';' in a string or a DO block is taken as a separator: such a command
@@ -217,9 +220,6 @@ def one_statement(command: str) -> bool:
     pipeline's Bind would fail as a protocol violation)."""
     body = command.rstrip().rstrip(";")
     return ";" not in body and "copy" not in body.lower() and _PARAMETER.search(body) is None
-
-
-_PARAMETER = re.compile(r"\$[0-9]")
 
 
 def _failed(conn: psycopg.Connection[Any], run_id: int, e: psycopg.Error) -> Done:

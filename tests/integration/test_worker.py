@@ -358,7 +358,7 @@ def _proxy_cutting_before_the_reset(db: str) -> str:
             while data := client.recv(65536):
                 # The reset's Parse message: 'P', its length (4 bytes), the unnamed statement's "".
                 at = data.find(b"\x00DISCARD ALL\x00")
-                if at > 5 and b"\x00DISCARD ALL\x00" not in data[:5]:
+                if at >= 5:
                     server.sendall(data[:at - 5])  # the run's statement and its Sync only
                     time.sleep(0.5)  # their answer reaches the worker
                     client.shutdown(socket.SHUT_RDWR)
