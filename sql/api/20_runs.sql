@@ -160,12 +160,14 @@ BEGIN
             SELECT * FROM jsonb_to_recordset(ends) AS x(
                 run_id bigint, outcome text, sqlstate text, message text, next_start timestamptz,
                 finished_at timestamptz, disable_reason text, rows_affected bigint, result jsonb,
-                lease_token bigint, schedule_delay_s float8, excluded integer)
+                lease_token bigint, schedule_delay_s float8, excluded integer, worker_pid integer,
+                backend_pid integer)
         ), r AS (
             -- The runs still open to this close, locked in one order (no deadlock between two closes).
             SELECT jr.run_id, jr.job_id, jr.scope, jr.started_at, jr.attempt, jr.plan_time, e.outcome, e.sqlstate,
                    e.message,
                    e.rows_affected, e.result, e.disable_reason, coalesce(e.excluded, 0) AS excluded,
+                   e.worker_pid, e.backend_pid,
                    -- One clock stamps a run; never let a finish precede its start.
                    greatest(coalesce(e.finished_at, pg_catalog.clock_timestamp()), jr.started_at) AS fin,
                    CASE WHEN e.next_start IS NOT NULL AND e.schedule_delay_s IS NOT NULL
@@ -191,6 +193,11 @@ BEGIN
             UPDATE pgsched.job_run jr
                SET finished_at = r.fin, outcome = r.outcome, sqlstate = r.sqlstate, message = r.message,
                    rows_affected = r.rows_affected, result = r.result,
+                   -- The claim recorded the worker it meant; another ran it (owner matching, a
+                   -- reconnect): written here, in the row's one update, and not by a later
+                   -- statement, which would find the row in its time partition by a scan.
+                   worker_pid = coalesce(r.worker_pid, jr.worker_pid),
+                   backend_pid = CASE WHEN r.worker_pid IS NULL THEN jr.backend_pid ELSE r.backend_pid END,
                    keep_until = CASE WHEN r.kept AND r.movable
                                      THEN pgsched._keep_until(r.fin, r.retention, policy.partitions_from,
                                                               policy.partitions_until) END

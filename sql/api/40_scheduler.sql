@@ -780,12 +780,16 @@ END
 $$;
 
 -- _close_runs' batch: the closes (_end_runs, fenced on the lease tokens the scheduler holds),
--- then what some of them bring along, each rare and so done only when asked for: the pids that
--- really ran a run, the scope runs a scoped job's plan run queues, the wake-up when queued
--- scope runs became claimable, the skipped-slot record.
+-- then what some of them bring along, each rare and so done only when asked for: the scope runs
+-- a scoped job's plan run queues, the wake-up when queued scope runs became claimable, the
+-- skipped-slot record.
 CREATE OR REPLACE FUNCTION pgsched._close_batch(ends jsonb)
 RETURNS TABLE (run_id bigint, job_id integer, old_state text, new_state text) LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+-- The closed rows are read by key, in job_run's time partitions by now: as in _end_runs, a plan
+-- kept from the session's first closes, while a partition was a few pages, would read all of it.
+SET enable_seqscan = off
+SET jit = off AS $$
 DECLARE
     c record;
     e record;
@@ -808,12 +812,6 @@ BEGIN
     END LOOP;
     IF closed = '{}' THEN
         RETURN;
-    END IF;
-    IF jsonb_path_exists(ends, '$[*] ? (@.worker_pid != null)') THEN
-        -- The claim recorded the worker it meant; another ran it (owner matching, a reconnect).
-        UPDATE pgsched.job_run r SET worker_pid = x.worker_pid, backend_pid = x.backend_pid
-          FROM jsonb_to_recordset(ends) AS x(run_id bigint, worker_pid integer, backend_pid integer)
-         WHERE r.run_id = x.run_id AND x.worker_pid IS NOT NULL AND r.run_id = ANY (closed);
     END IF;
     IF jsonb_path_exists(ends, '$[*] ? (@.scopes.type() == "array" || @.skipped > 0)') THEN
         FOR e IN SELECT x.run_id, x.scopes, x.skipped, x.skipped_first, x.skipped_last, x.finished_at, r.job_id,

@@ -116,3 +116,23 @@ def test_a_bad_outcome_in_a_batch_is_refused_naming_it_and_nothing_is_written(ap
                     (json.dumps([{**end(run, CASES[0], 0), "outcome": "exploded"}]),))
     assert e.value.diag.message_hint == "outcome must be one of success, failure, timeout, crash, cancelled, skipped"
     assert (rows(api, "SELECT * FROM pgsched.job_run ORDER BY run_id"), stat(api, a)) == before
+
+
+def test_the_close_records_the_worker_and_backend_that_really_ran_the_run(api: Conn) -> None:
+    # The claim records the workers it was given; the scheduler may hand a run to another (owner
+    # matching) or the worker may reconnect as the job's owner: its close then names the pids
+    # that ran it, and only such a close changes them.
+    a, b = add_pair(api)
+    c, _ = add_pair(api)
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4, now => %s)", (T,)))
+    claimed = {int(r["job_id"]): r for r in rows(
+        api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)",
+        (me, [100, 101, 102, 103], [200, 201, 202, 203], T))}
+    assert {claimed[j]["worker_pid"] for j in (a, b, c)} <= {100, 101, 102, 103}
+    ends = [{**end(claimed[a], CASES[0], 0), "worker_pid": 300, "backend_pid": 400},
+            end(claimed[b], CASES[1], 1),
+            {**end(claimed[c], CASES[0], 2), "worker_pid": 301, "backend_pid": None}]
+    assert set(close(api, ends)) == {claimed[j]["run_id"] for j in (a, b, c)}
+    pids = {int(r["job_id"]): (r["worker_pid"], r["backend_pid"]) for r in rows(
+        api, "SELECT job_id, worker_pid, backend_pid FROM pgsched.job_run WHERE job_id = ANY (%s)", ([a, b, c],))}
+    assert pids == {a: (300, 400), b: (claimed[b]["worker_pid"], claimed[b]["backend_pid"]), c: (301, None)}
