@@ -1,7 +1,7 @@
 """The scheduler's two per-run statements, the claim and the close, timed against another release.
 
     ./dev bench claim_close [--against 9971113] [--rounds 12] [--block 150] [--runs 8] [--concurrency]
-                            [--dependencies]
+                            [--dependencies] [--pids-changed]
 
 One cluster, two databases: `a` gets the schema of the release at git ref --against (checked out
 into a temporary worktree and installed by its own `pgsched.migrate`), `b` this tree's. Each has
@@ -13,7 +13,9 @@ between the two databases --rounds times, so that both see the same machine; the
 medians of the blocks' mean milliseconds per statement. No Python of either scheduler is timed:
 this isolates the database's side of a round. --dependencies: half of this tree's jobs (the odd
 ids) run after the job before them, with no schedule of their own: each success of an upstream
-makes its dependent due in the close, and a later claim starts it.
+makes its dependent due in the close, and a later claim starts it. --pids-changed: every close
+says that another worker ran the run than the one the claim recorded (the scheduler's owner
+matching, or a worker that reconnected as the job's owner), as with jobs of several owners.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ STATEMENTS = {
 # The pids of the workers claimed for, and of their backends (never looked up): --runs of each.
 WORKERS: list[int] = []
 BACKENDS: list[int] = []
+# --pids-changed: the worker and backend each close says really ran the run (None: those claimed for).
+RAN_ON: list[int | None] = [None, None]
 
 
 def install(dsn: str, tree: Path) -> None:
@@ -92,7 +96,8 @@ class Client:
                           "next_start": None if job_id in self.after else started.isoformat(),
                           "finished_at": started.isoformat(),
                           "disable_reason": None, "rows_affected": None, "result": None, "skipped": 0,
-                          "skipped_first": None, "skipped_last": None, "worker_pid": None, "backend_pid": None,
+                          "skipped_first": None, "skipped_last": None,
+                          "worker_pid": RAN_ON[0], "backend_pid": RAN_ON[1],
                           "lease_token": token, "scopes": None, "schedule_delay_s": 0.0}
                          for run_id, started, token, job_id in rows]
         if keep:
@@ -110,11 +115,15 @@ def main() -> None:
                     help="this tree's jobs: half on one concurrency key with a limit of 100 (never binding)")
     ap.add_argument("--dependencies", action="store_true",
                     help="this tree's jobs: half run after the job before them (no schedule of their own)")
+    ap.add_argument("--pids-changed", action="store_true",
+                    help="every close names another worker and backend than the claim recorded")
     args = ap.parse_args()
     if not 1 <= args.runs <= 400:
         ap.error("--runs: between 1 and 400 (the jobs always due)")
     WORKERS[:] = range(100_000, 100_000 + args.runs)
     BACKENDS[:] = range(200_000, 200_000 + args.runs)
+    if args.pids_changed:
+        RAN_ON[:] = [300_000, 400_000]
     other = Path(tempfile.mkdtemp(prefix="pgsched-bench-release-")) / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
                    check=True, capture_output=True)
@@ -145,7 +154,8 @@ def main() -> None:
                 for c in clients.values():
                     c.block(args.block)
             out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": args.runs,
-                                   "concurrency": args.concurrency, "dependencies": args.dependencies}
+                                   "concurrency": args.concurrency, "dependencies": args.dependencies,
+                                   "pids_changed": args.pids_changed}
             for name, c in clients.items():
                 label = args.against if name == "a" else "this tree"
                 claim_ms, close_ms = statistics.median(c.claim_ms), statistics.median(c.close_ms)

@@ -10,6 +10,7 @@
     ./dev bench scheduler scopes      one sharded job's plan fanning out to 10,000 scope runs
     ./dev bench scheduler all
     ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
+    ./dev bench scheduler throughput --owners 4                the jobs of four owners in turn
     ./dev bench scheduler burst --workers 8                    serve --max-workers 8 (default: serve's own)
 
 
@@ -37,6 +38,7 @@ from typing import Any
 
 import psycopg
 from common import children, cluster, cpu_seconds, serve, serve_default_workers, tree_cpu_seconds, wait_for_log
+from psycopg import sql
 
 from pgsched.embedded import Cluster, free_port
 
@@ -122,11 +124,16 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # once, which the claim starts like a scheduled job's); in lag, keeping their schedule (each plan
 # asks whether its upstream, due 10 ms earlier, succeeded since the previous one: one more statement
 # per run; the lag counts its runs as any other).
+# --owners N: the jobs belong to N login roles in turn (job_id modulo N), so that workers open
+# sessions as several owners, and the scheduler gives a run to another worker than the claim
+# recorded (owner matching) or a worker reconnects as the run's owner: the close then corrects the
+# run's pids.
 PRIORITIES = False
 EXCLUDE = False
 JITTER = False
 CONCURRENCY = False
 DEPENDENCIES = False
+OWNERS = 1
 # serve --max-workers of the scenarios (--workers; serve's own default unless given).
 WORKERS = 8
 
@@ -137,10 +144,16 @@ def prioritise_half(dsn: str, priority: int = 10) -> None:
 
 
 def use_workflow_settings(dsn: str, *, scheduled_dependents: bool) -> None:
-    """What --priorities, --exclude, --jitter, --concurrency and --dependencies ask for."""
+    """What --priorities, --exclude, --jitter, --concurrency, --dependencies and --owners ask for."""
     if PRIORITIES:
         prioritise_half(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
+        if OWNERS > 1:
+            conn.execute("GRANT INSERT ON bench_start TO PUBLIC")
+            for i in range(OWNERS):
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(f"bench_owner_{i}")))
+            conn.execute("UPDATE pgsched.job SET owner = format('bench_owner_%%s', job_id %% %s)::regrole",
+                         (OWNERS,))
         if EXCLUDE:
             conn.execute("UPDATE pgsched.job SET exclude = format('* * * %%s *', "
                          "extract(month FROM now())::int %% 12 + 1) WHERE job_id %% 2 = %s", (1,))
@@ -182,7 +195,7 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
     lags = [float(r[0]) for r in rows]
     claims = [float(r[0]) for r in claim]
     return {"scenario": "lag", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
-            "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES,
+            "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES, "owners": OWNERS,
             "runs": len(lags),
             "p50_ms": round(pct(lags, 50), 2),
             "p99_ms": round(pct(lags, 99), 2), "max_ms": round(max(lags), 2),
@@ -357,7 +370,7 @@ def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
     return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
-            "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES,
+            "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES, "owners": OWNERS,
             "runs_per_s": round(rate, 1),
             "pgbench_runs_per_s_same_sql": round(bench, 1),
             # The scheduler process's own CPU per run (its workers not included): less noisy than runs/s
@@ -534,11 +547,16 @@ def main() -> None:
     ap.add_argument("--dependencies", action="store_true",
                     help="lag and throughput: half the jobs run after another (throughput: with no schedule of "
                          "their own; lag: keeping theirs, each plan checking its upstream succeeded)")
+    ap.add_argument("--owners", type=int, default=1,
+                    help="lag and throughput: the jobs belong to this many login roles in turn (default 1: "
+                         "the bench's superuser)")
     args = ap.parse_args()
-    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS
+    if args.owners < 1:
+        ap.error("--owners: a whole number of roles, 1 or more")
+    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS, OWNERS
     WORKERS = args.workers or serve_default_workers()
     PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
-    DEPENDENCIES = args.dependencies
+    DEPENDENCIES, OWNERS = args.dependencies, args.owners
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":
