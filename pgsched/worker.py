@@ -145,9 +145,7 @@ class Session:
     def reconnect(self) -> None:
         """A new connection as the current role, after the server closed ours (psycopg.Error if it cannot)."""
         new = self._connect(None if self.role == self.default_role else self.role, self.database)
-        row = new.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        old, self.conn, self.backend_pid = self.conn, new, row[0]
+        old, self.conn, self.backend_pid = self.conn, new, new.info.backend_pid
         old.close()
 
     def become(self, role: str, database: str | None = None) -> None:
@@ -155,9 +153,9 @@ class Session:
         if (role, database) == (self.role, self.database):
             return
         new = self._connect(None if role == self.default_role else role, database)
-        row = new.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        old, self.conn, self.role, self.database, self.backend_pid = self.conn, new, role, database, row[0]
+        # The pid came with the connection's start (libpq's BackendKeyData): no round trip for it.
+        old, self.conn, self.role, self.database, self.backend_pid = \
+            self.conn, new, role, database, new.info.backend_pid
         old.close()
 
 

@@ -8,11 +8,13 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
 import psycopg.conninfo
 import pytest
+from psycopg import sql
 
 from pgsched import launcher, protocol, pyjob, worker
 from pgsched.launcher import Worker
@@ -45,8 +47,9 @@ def connected_worker(db: str, conn: Conn) -> tuple[Worker, int | None, str]:
 
 
 def insert_run(role: str) -> dict[str, Any]:
-    """A run of a command job inserting one row into `ran`, as the scheduler sends it."""
-    return {"run_id": 1, "job_id": 1, "kind": "command", "owner": role, "command": "INSERT INTO ran VALUES (1)",
+    """A run of a command job inserting one row into `ran` (its backend's pid), as the scheduler sends it."""
+    return {"run_id": 1, "job_id": 1, "kind": "command", "owner": role,
+            "command": "INSERT INTO ran VALUES (pg_backend_pid())",
             "config": None, "app": "pgsched job 1 run 1 lease 1", "job_name": "t", "plan_time": "2026-01-01T00:00Z",
             "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0}
 
@@ -61,13 +64,14 @@ def function_run(role: str, run_id: int, name: str, *, procedure: bool = False, 
 
 
 def ran_on_a_new_session(w: Worker, conn: Conn, old_backend: int | None) -> None:
-    """The worker reconnected (a new backend) and ran insert_run's run successfully, once."""
+    """The worker reconnected (a new backend, the one it reported) and ran insert_run's run
+    successfully, once."""
     seen = events(w, protocol.Done)
     backend = [e for e in seen if isinstance(e, protocol.Backend)]
     assert backend and backend[0].backend_pid != old_backend, seen
     done = next(e for e in seen if isinstance(e, protocol.Done))
     assert done.ok is True, done
-    assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
+    assert conn.execute("SELECT x FROM ran").fetchall() == [(backend[0].backend_pid,)]
 
 
 def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: str, conn: Conn) -> None:
@@ -84,6 +88,27 @@ def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: st
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
+
+
+def test_a_run_of_another_owner_runs_on_a_session_as_that_owner_and_its_backend_is_the_one_reported(
+        db: str, conn: Conn) -> None:
+    w, old_backend, _ = connected_worker(db, conn)
+    owner = f"other_owner_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(owner)))
+    conn.execute(sql.SQL("GRANT INSERT ON ran TO {}").format(sql.Identifier(owner)))
+    try:
+        w.send(insert_run(owner))
+        seen = events(w, protocol.Done)
+        [backend] = [e for e in seen if isinstance(e, protocol.Backend)]
+        assert (backend.role, backend.backend_pid != old_backend) == (owner, True), seen
+        assert [e.ok for e in seen if isinstance(e, protocol.Done)] == [True], seen
+        # The pid reported is the session's that ran the job (the scheduler records it in the run's row).
+        assert conn.execute("SELECT x FROM ran").fetchall() == [(backend.backend_pid,)]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+        conn.execute("DROP TABLE ran")
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(owner)))
 
 
 def test_a_worker_whose_idle_session_dies_says_so_and_still_runs_what_was_sent_before_it_was_replaced(
