@@ -154,6 +154,8 @@ class Session:
             return
         new = self._connect(None if role == self.default_role else role, database)
         # The pid came with the connection's start (libpq's BackendKeyData): no round trip for it.
+        # It is the server's own on a direct connection; through a pooler it would not be, but a
+        # pooler refuses or drops the options every worker connects with (_connect) anyway.
         old, self.conn, self.role, self.database, self.backend_pid = \
             self.conn, new, role, database, new.info.backend_pid
         old.close()

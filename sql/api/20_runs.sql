@@ -195,7 +195,9 @@ BEGIN
                    rows_affected = r.rows_affected, result = r.result,
                    -- The claim recorded the worker it meant; another ran it (owner matching, a
                    -- reconnect): written here, in the row's one update, and not by a later
-                   -- statement, which would find the row in its time partition by a scan.
+                   -- statement, which would find the row in its time partition by a scan. A
+                   -- backend_pid may be NULL with a worker_pid (a worker not Ready yet). Every
+                   -- close says so, _close_runs' one-run fallback included.
                    worker_pid = coalesce(r.worker_pid, jr.worker_pid),
                    backend_pid = CASE WHEN r.worker_pid IS NULL THEN jr.backend_pid ELSE r.backend_pid END,
                    keep_until = CASE WHEN r.kept AND r.movable

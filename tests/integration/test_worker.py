@@ -95,8 +95,8 @@ def test_a_run_of_another_owner_runs_on_a_session_as_that_owner_and_its_backend_
     w, old_backend, _ = connected_worker(db, conn)
     owner = f"other_owner_{uuid.uuid4().hex[:8]}"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(owner)))
-    conn.execute(sql.SQL("GRANT INSERT ON ran TO {}").format(sql.Identifier(owner)))
     try:
+        conn.execute(sql.SQL("GRANT INSERT ON ran TO {}").format(sql.Identifier(owner)))
         w.send(insert_run(owner))
         seen = events(w, protocol.Done)
         [backend] = [e for e in seen if isinstance(e, protocol.Backend)]
@@ -105,10 +105,13 @@ def test_a_run_of_another_owner_runs_on_a_session_as_that_owner_and_its_backend_
         # The pid reported is the session's that ran the job (the scheduler records it in the run's row).
         assert conn.execute("SELECT x FROM ran").fetchall() == [(backend.backend_pid,)]
     finally:
-        w.close_stdin()
-        launcher.reap(w, timeout=5)
-        conn.execute("DROP TABLE ran")
-        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(owner)))
+        try:
+            w.close_stdin()
+            launcher.reap(w, timeout=5)
+        finally:
+            # Roles are the cluster's, not the test database's.
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(owner)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(owner)))
 
 
 def test_a_worker_whose_idle_session_dies_says_so_and_still_runs_what_was_sent_before_it_was_replaced(
