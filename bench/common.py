@@ -105,16 +105,20 @@ def wait_for_log(log: Path, text: str, timeout: float) -> dict[str, Any]:
     raise TimeoutError(f"no log line with {text!r} within {timeout}s")
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
+    """The CPU time (user + system) of `pid`; reaped: and of its children that exited and it waited for."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    # utime + stime (+ cutime + cstime)
+    return sum(int(f) for f in fields[11:15 if reaped else 13]) / ticks
 
 
 def tree_cpu_seconds(*roots: int) -> float:
-    """CPU time (user + system) of `roots` and all of their living descendants: the scheduler with
-    its workers, the postmaster with its backends. On a shared machine, a cost per run that the
-    others' load moves less than it moves runs per second."""
+    """CPU time (user + system) of `roots` and all of their descendants, living or exited: the
+    scheduler with its workers, the postmaster with its backends. An exited one is counted in its
+    parent's, which waited for it (a worker that reconnected as another owner left a backend that
+    exited). On a shared machine, a cost per run that the others' load moves less than it moves
+    runs per second."""
     total, todo, seen = 0.0, list(roots), set()
     while todo:
         pid = todo.pop()
@@ -122,7 +126,7 @@ def tree_cpu_seconds(*roots: int) -> float:
             continue
         seen.add(pid)
         try:
-            total += cpu_seconds(pid)
+            total += cpu_seconds(pid, reaped=True)
         except (FileNotFoundError, ProcessLookupError):
             continue
         todo += children(pid)
