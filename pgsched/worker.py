@@ -144,14 +144,14 @@ class Session:
 
     def reconnect(self) -> None:
         """A new connection as the current role, after the server closed ours (psycopg.Error if it cannot)."""
-        new = self._connect(None if self.role == self.default_role else self.role, self.database)
-        old, self.conn, self.backend_pid = self.conn, new, new.info.backend_pid
-        old.close()
+        self._replace(self.role, self.database)
 
     def become(self, role: str, database: str | None = None) -> None:
         """Reconnect as `role` in `database` (psycopg.Error if it cannot; the old session is then kept)."""
-        if (role, database) == (self.role, self.database):
-            return
+        if (role, database) != (self.role, self.database):
+            self._replace(role, database)
+
+    def _replace(self, role: str, database: str | None) -> None:
         new = self._connect(None if role == self.default_role else role, database)
         # The pid came with the connection's start (libpq's BackendKeyData): no round trip for it.
         # It is the server's own on a direct connection; through a pooler it would not be, but a
