@@ -139,6 +139,8 @@ def _embedded_dsn() -> str:
 @dsn_option
 @click.option("--max-workers", type=click.IntRange(1, 1000), default=None,
               help="Runs at once (default 8 per CPU core, at most 16).")
+@click.option("--worker-sessions", type=click.IntRange(1, 64), default=None,
+              help="Sessions each worker keeps, one per job owner and database it ran lately (default 4).")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=None,
               help="Seconds SIGTERM waits for running jobs before cancelling them (default 30).")
 @click.option("--crash-wait", type=click.FloatRange(0), default=None,
@@ -157,9 +159,9 @@ def _embedded_dsn() -> str:
               help="One scheduler for every database of the DSN's cluster where pgsched is installed, "
                    "sharing --max-workers between them (the DSN's database is only where to look from).")
 @app_option
-def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | None, crash_wait: float | None,
-          config_file: str | None, log_format: str | None, log_level: str | None, http: str | None,
-          metrics_max_jobs: int | None, all_databases: bool, apps: tuple[str, ...]) -> None:
+def serve(dsn: str | None, max_workers: int | None, worker_sessions: int | None, shutdown_timeout: float | None,
+          crash_wait: float | None, config_file: str | None, log_format: str | None, log_level: str | None,
+          http: str | None, metrics_max_jobs: int | None, all_databases: bool, apps: tuple[str, ...]) -> None:
     """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
     from pgsched import launcher, logs
     from pgsched.config import read_serve_options, read_settings_file
@@ -184,7 +186,7 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
     _import_apps(apps)
     cli_values: dict[str, object] = {k: v for k, v in {
         "max_workers": max_workers, "shutdown_timeout": shutdown_timeout, "crash_wait": crash_wait,
-        "metrics_max_jobs": metrics_max_jobs,
+        "metrics_max_jobs": metrics_max_jobs, "worker_sessions": worker_sessions,
     }.items() if v is not None}
     cli_values["apps"] = apps
     try:
@@ -195,8 +197,8 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
             if http:
                 raise click.UsageError("--http and --all-databases cannot be combined yet: give each database's "
                                        "scheduler its own `serve --http`")
-            _serve_all_databases(target, max_workers, shutdown_timeout, crash_wait, config_file, log_format,
-                                 log_level, apps)
+            _serve_all_databases(target, max_workers, worker_sessions, shutdown_timeout, crash_wait, config_file,
+                                 log_format, log_level, apps)
             return
 
         def load() -> Settings:
@@ -221,7 +223,8 @@ def serve(dsn: str | None, max_workers: int | None, shutdown_timeout: float | No
         raise click.ClickException(str(e)) from None
 
 
-def _serve_all_databases(dsn: str, max_workers: int | None, shutdown_timeout: float | None,
+def _serve_all_databases(dsn: str, max_workers: int | None, worker_sessions: int | None,
+                         shutdown_timeout: float | None,
                          crash_wait: float | None, config_file: str | None, log_format: str, log_level: str,
                          apps: tuple[str, ...]) -> None:
     """`serve --all-databases`: the launcher (pgsched/multidb.py), each database's scheduler started with
@@ -229,7 +232,8 @@ def _serve_all_databases(dsn: str, max_workers: int | None, shutdown_timeout: fl
     from pgsched.multidb import Launcher
     from pgsched.scheduler import Settings
 
-    passed = [*(["--shutdown-timeout", str(shutdown_timeout)] if shutdown_timeout is not None else []),
+    passed = [*(["--worker-sessions", str(worker_sessions)] if worker_sessions is not None else []),
+              *(["--shutdown-timeout", str(shutdown_timeout)] if shutdown_timeout is not None else []),
               *(["--crash-wait", str(crash_wait)] if crash_wait is not None else []),
               *(["--config", config_file] if config_file else []),
               "--log-level", log_level, *(a for app in apps for a in ("--app", app))]

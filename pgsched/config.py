@@ -51,6 +51,7 @@ FILE_SETTINGS: dict[str, type] = {
     "terminate_grace": float,
     "metrics_max_jobs": int,
     "purge_interval": float,
+    "worker_sessions": int,
 }
 # Of those, the ones where 0 means "off" (the others must be positive).
 ZERO_MEANS_OFF = frozenset({"purge_interval"})

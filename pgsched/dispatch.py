@@ -11,6 +11,7 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +39,25 @@ def closes_wait(ended: int, since: float, now: float, max_workers: int) -> bool:
     """Whether `ended` runs, the first held back at `since`, wait for more before they are closed
     (monotonic seconds): until two claims' worth ended, or for CLOSE_WAIT_S."""
     return ended < 2 * max_workers and now < since + CLOSE_WAIT_S
+
+
+Session = tuple[str | None, str | None]  # (role, database) of a worker's session
+
+
+def pair_by_session(runs: Sequence[Session], workers: Sequence[tuple[Session, frozenset[Session]]]) -> list[int]:
+    """For each run (the session it needs), the index of the worker it goes to, each worker
+    taking one: first the workers whose current session is the run's, then those that keep one
+    parked, then the rest in order (as many workers as runs)."""
+    chosen: list[int | None] = [None] * len(runs)
+    free = list(range(len(workers)))
+    for parked in (False, True):
+        for r, key in enumerate(runs):
+            if chosen[r] is None:
+                i = next((i for i in free if (key in workers[i][1] if parked else workers[i][0] == key)), None)
+                if i is not None:
+                    free.remove(i)
+                    chosen[r] = i
+    return [c if c is not None else free.pop(0) for c in chosen]
 
 
 class Dispatch(LoopState):
@@ -98,26 +118,21 @@ class Dispatch(LoopState):
             self._launch_run(worker, c.run)
 
     def _match_owners(self, claimed: list[Claimed]) -> None:
-        """Give each run a worker already connected as its owner where one was claimed for.
+        """Give each run a worker already connected as its owner where one was claimed for, else
+        one that keeps an idle session of its owner (pgsched.worker.Session).
 
         The claim pairs runs and workers blindly; re-pairing them among the same workers
-        saves a reconnect for every run whose owner already has a session. The pids the
+        saves a new session for every run whose owner already has one. The pids the
         run row records are corrected when the run is closed.
         """
         runs = [c for c in claimed if c.run is not None]
         free = [self.workers[c.worker_pid] for c in runs if c.worker_pid in self.workers]
         if len(free) < len(runs):
             return
-        paired: dict[int, Worker] = {}
-        for c in runs:
-            assert c.run is not None
-            job = c.run.job
-            match = next((w for w in free if (w.role, w.database) == (job.owner, job.database)), None)
-            if match is not None:
-                free.remove(match)
-                paired[c.run_id] = match
-        for c in runs:
-            w = paired.get(c.run_id) or free.pop(0)
+        pairs = pair_by_session([(c.run.job.owner, c.run.job.database) for c in runs if c.run],
+                                [((w.role, w.database), w.parked) for w in free])
+        for c, i in zip(runs, pairs, strict=True):
+            w = free[i]
             assert c.run is not None
             if (c.run.worker_pid, c.run.backend_pid) != (w.pid, w.backend_pid):
                 c.run.worker_pid, c.run.backend_pid, c.run.pids_changed = w.pid, w.backend_pid, True
@@ -250,7 +265,7 @@ class Dispatch(LoopState):
         # all eight 0.34 s against 0.31-0.33 s).
         starting = sum(1 for w in live if not w.ready)
         for _ in range(min(self.settings.max_workers - len(live), STARTING_AT_ONCE - starting)):
-            w = launcher.launch(self.settings.dsn, self.settings.apps)
+            w = launcher.launch(self.settings.dsn, self.settings.apps, self.settings.worker_sessions)
             self.workers[w.pid] = w
             self._selector.register(w.proc.stdout, selectors.EVENT_READ, w)  # type: ignore[arg-type]
 
@@ -268,6 +283,8 @@ class Dispatch(LoopState):
             worker.backend_pid = ev.backend_pid
             worker.role = ev.role or None
             worker.database = ev.database
+            if isinstance(ev, protocol.Backend):
+                worker.parked = frozenset((k[0], k[1]) for k in ev.parked if isinstance(k, list) and len(k) == 2)
             if worker.run is not None:
                 worker.run.backend_pid, worker.run.pids_changed = worker.backend_pid, True
         if isinstance(ev, protocol.Ready):

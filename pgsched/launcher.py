@@ -110,6 +110,8 @@ class Worker:
     backend_pid: int | None = None
     role: str | None = None  # the role its session runs as (a job's owner)
     database: str | None = None  # the database its session is in (a job's); None: the scheduler's
+    # The (role, database) of the idle sessions it keeps besides that one, as it last said.
+    parked: frozenset[tuple[str | None, str | None]] = frozenset()
     ready: bool = False
     run: Run | None = None
     retiring: bool = False  # do not give it another run
@@ -169,10 +171,11 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def launch(dsn: str, apps: tuple[str, ...] = ()) -> Worker:
-    """Start one worker process; it reports 'ready' once connected (and its app modules imported)."""
+def launch(dsn: str, apps: tuple[str, ...] = (), sessions: int = 1) -> Worker:
+    """Start one worker process; it reports 'ready' once connected (and its app modules imported).
+    It keeps up to `sessions` sessions, one per owner and database (pgsched.worker.Session)."""
     given = {"PGSCHED_WORKER_DSN": dsn, "PGSCHED_PARENT_PID": str(os.getpid()),
-             "PGSCHED_APP_MODULES": ",".join(apps)}
+             "PGSCHED_APP_MODULES": ",".join(apps), "PGSCHED_WORKER_SESSIONS": str(sessions)}
     if _fork_server is not None:
         try:
             pid, stdin_fd, stdout_fd = _fork_server.fork(given)

@@ -11,7 +11,7 @@ SQL side is checked against them by tests/integration/test_protocol.py).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 # Messages and stored text stay small: history rows are read by people.
@@ -46,13 +46,16 @@ class Ready:
 
 @dataclass(frozen=True)
 class Backend:
-    """The worker opened a new session for a run (another owner, or the idle one was closed)."""
+    """The worker switched sessions for a run (another owner's, or a new one: the idle one was closed)."""
 
     KIND: ClassVar[str] = "backend"
     run_id: int
     backend_pid: int
     role: str | None = None
     database: str | None = None  # None: the scheduler's own
+    # The [role, database] of the other sessions it keeps (pgsched.worker.Session): where a run of
+    # those owners finds a session without opening one.
+    parked: list[list[str | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,11 @@ class Settings:
     # retention (pgsched/retention.py; one instance a turn over all of them); 0: never (the
     # retention is then applied by calling pgsched.purge_history).
     purge_interval: float = 900.0
+    # Sessions each worker keeps, one per (owner, database) it ran jobs of lately: the one it is in
+    # and up to worker_sessions - 1 parked, idle (pgsched/worker.py, Session). Each is a server
+    # connection: an instance holds up to max_workers x worker_sessions of them when its jobs have
+    # several owners; with one owner, max_workers.
+    worker_sessions: int = 4
     # serve --http: above this many jobs, /metrics leaves out the per-job series (pgsched/httpd.py).
     metrics_max_jobs: int = 1000
 

@@ -8,8 +8,9 @@ database connection and runs one job at a time:
   worker -> parent (stdout, one JSON object per line): the events of pgsched.protocol, one record
   type per kind, encoded with protocol.encode:
       Ready(pid, backend_pid, role)         once connected and its app modules imported
-      Backend(run_id, backend_pid, role)    it opened a new session for a run (another owner, or
-                                            the idle session was closed under it)
+      Backend(run_id, backend_pid, role, database, parked)
+                                            it switched sessions for a run (another owner's, new or
+                                            parked, or a new one: the idle one was closed under it)
       Done(run_id, ok, sqlstate, message, lost, owner_unusable, rows_affected, result, scopes)
                                             a run ended (lost: its connection died with it)
       Lost()                                its idle session was lost after a run: it exits
@@ -23,6 +24,7 @@ marks start and end, so a worker that dies needs no clean-up of its own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -31,6 +33,7 @@ import select
 import signal
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -49,6 +52,9 @@ CHECK_CLIENT_MS = 250
 # A scoped job's plan queues one run per key: bounded, so that a runaway query cannot flood the history.
 MAX_SCOPES = 10_000
 MAX_SCOPE_KEY = 200
+# A parked session (Session) unused this long is closed: its backend holds one of the server's
+# connection slots and some memory.
+PARKED_IDLE_S = 60.0
 
 
 def _die_with_parent() -> None:
@@ -103,25 +109,36 @@ def _call_params(msg: dict[str, Any], encoding: str) -> list[bytes | None]:
 
 
 class Session:
-    """The worker's connection, opened as the role whose job it runs.
+    """The worker's connection, opened as the role whose job it runs, and the sessions it keeps.
 
     A job runs in a session whose session user is the job's owner: nothing its SQL
     does (RESET ROLE, SET ROLE, SET SESSION AUTHORIZATION, RESET ALL) can reach the
     scheduler's role, because the session never had it. A worker keeps its owner's
-    connection between runs and reconnects only when it is given another owner's job,
+    connection between runs and switches only when it is given another owner's job,
     or a job in another database (a job's `database`, pg_cron's schedule_in_database:
     the session opens there; None is the scheduler's own).
+
+    With `keep` above 1, the session it switches from is parked instead of closed, up to
+    keep - 1 of them, the least recently used closed first: a worker that runs the jobs of
+    a few owners in turn takes an idle session back instead of opening a new one (a new
+    session costs the server a backend start and authentication, about 5 ms of CPU). A
+    parked session was reset after its last run, like any idle one; one unused for
+    PARKED_IDLE_S is closed, so a job mix that changed does not hold connection slots.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, keep: int = 1) -> None:
         self.dsn = dsn
+        self.keep = max(1, keep)
         self.conn = self._connect(None)
-        row = self.conn.execute("SELECT session_user, pg_backend_pid()").fetchone()
+        row = self.conn.execute("SELECT session_user, pg_backend_pid(), current_database()").fetchone()
         assert row is not None
         self.default_role: str = row[0]
         self.role: str = row[0]
         self.database: str | None = None
         self.backend_pid: int = row[1]
+        self.home_database: str = row[2]  # the DSN's, where a job whose database is None runs
+        # (role, database) -> (idle connection, monotonic time it was parked); oldest first.
+        self.parked: OrderedDict[tuple[str, str | None], tuple[psycopg.Connection[Any], float]] = OrderedDict()
 
     def _connect(self, role: str | None, database: str | None = None) -> psycopg.Connection[Any]:
         params = psycopg.conninfo.conninfo_to_dict(self.dsn)
@@ -144,21 +161,88 @@ class Session:
 
     def reconnect(self) -> None:
         """A new connection as the current role, after the server closed ours (psycopg.Error if it cannot)."""
-        self._replace(self.role, self.database)
+        new = self._open(self.role, self.database)
+        self.conn.close()
+        self._use(new, self.role, self.database)
 
     def become(self, role: str, database: str | None = None) -> None:
-        """Reconnect as `role` in `database` (psycopg.Error if it cannot; the old session is then kept)."""
-        if (role, database) != (self.role, self.database):
-            self._replace(role, database)
+        """Switch to a session as `role` in `database`: a parked one that is still alive, or a new one
+        (psycopg.Error if it cannot be opened; the current session is then kept)."""
+        if (role, database) == (self.role, self.database):
+            return
+        found = self.parked.pop((role, database), None)
+        if found is not None and _idle_session_alive(found[0]):
+            new = found[0]
+        else:
+            if found is not None:
+                found[0].close()
+            new = self._open(role, database)
+        self._park(self.conn, self.role, self.database)
+        self._use(new, role, database)
 
-    def _replace(self, role: str, database: str | None) -> None:
-        new = self._connect(None if role == self.default_role else role, database)
+    def parked_keys(self) -> list[list[str | None]]:
+        """The parked sessions' [role, database], for the scheduler's pairing of runs and workers."""
+        return [[r, d] for r, d in self.parked]
+
+    def expire(self, now: float) -> float | None:
+        """Close parked sessions unused for PARKED_IDLE_S, or closed by the server; seconds until the
+        next one expires (None: none parked)."""
+        for key, (conn, since) in list(self.parked.items()):
+            if now >= since + PARKED_IDLE_S or not _idle_session_alive(conn):
+                del self.parked[key]
+                conn.close()
+        return min((since + PARKED_IDLE_S - now for _, since in self.parked.values()), default=None)
+
+    def _open(self, role: str, database: str | None) -> psycopg.Connection[Any]:
+        user = None if role == self.default_role else role
+        try:
+            return self._connect(user, database)
+        except psycopg.OperationalError:
+            # The server's connection slots may be full (libpq gives no SQLSTATE for a refused
+            # start-up): where the owner could connect, give back the parked sessions and try again.
+            if not self.parked or not self.may_connect(role, database):
+                raise
+        while self.parked:
+            self.parked.popitem(last=False)[1][0].close()
+        # Their backends leave the server's count a moment after the close, not at once.
+        for pause in (0.005, 0.02, 0.05, 0.1):
+            time.sleep(pause)
+            with contextlib.suppress(psycopg.OperationalError):
+                return self._connect(user, database)
+        return self._connect(user, database)
+
+    def may_connect(self, role: str, database: str | None) -> bool:
+        """Whether the catalog lets `role` log in to `database` (None: the DSN's): after a
+        session could not be opened, whether that was the owner's doing (no such role or database,
+        no LOGIN, an expired password, no CONNECT right: False) or something that passes, such as
+        the server's connection slots being full (True; also when the catalog cannot be read)."""
+        try:
+            row = self.conn.execute(
+                "SELECT r.rolcanlogin AND coalesce(r.rolvaliduntil > now(), true) AND d.datallowconn "
+                "AND has_database_privilege(r.oid, d.oid, 'CONNECT') FROM pg_catalog.pg_roles r, "
+                "pg_catalog.pg_database d WHERE r.rolname = %s AND d.datname = %s",
+                (role, database or self.home_database)).fetchone()
+        except psycopg.Error:
+            return True
+        return bool(row and row[0])
+
+    def _park(self, conn: psycopg.Connection[Any], role: str, database: str | None) -> None:
+        if self.keep == 1 or conn.closed:
+            conn.close()
+            return
+        self.parked[(role, database)] = (conn, time.monotonic())
+        while len(self.parked) > self.keep - 1:
+            self.parked.popitem(last=False)[1][0].close()
+
+    def _use(self, conn: psycopg.Connection[Any], role: str, database: str | None) -> None:
         # The pid came with the connection's start (libpq's BackendKeyData): no round trip for it.
         # It is the server's own on a direct connection; through a pooler it would not be, but a
         # pooler refuses or drops the options every worker connects with (_connect) anyway.
-        old, self.conn, self.role, self.database, self.backend_pid = \
-            self.conn, new, role, database, new.info.backend_pid
-        old.close()
+        self.conn, self.role, self.database, self.backend_pid = conn, role, database, conn.info.backend_pid
+
+    def fds(self) -> list[int]:
+        """The parked sessions' sockets (watched while idle: a closed one is dropped at once)."""
+        return [c.fileno() for c, _ in self.parked.values() if not c.closed]
 
 
 def _wait_for_start(msg: dict[str, Any]) -> None:
@@ -305,7 +389,7 @@ def main() -> int:
     dsn = os.environ.get("PGSCHED_WORKER_DSN", "")
     out = sys.stdout
     try:
-        session = Session(dsn)
+        session = Session(dsn, keep=int(os.environ.get("PGSCHED_WORKER_SESSIONS") or 1))
     except psycopg.Error as e:
         _emit(out, Failed(protocol.cap(str(e))))
         return EXIT_CONNECT
@@ -326,7 +410,7 @@ def main() -> int:
             except psycopg.Error:
                 return EXIT_LOST
             _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
-                               database=session.database))
+                               database=session.database, parked=session.parked_keys()))
         owner = msg.get("owner")
         database = msg.get("database") or None
         if not owner:
@@ -338,13 +422,17 @@ def main() -> int:
             try:
                 session.become(owner, database)
             except psycopg.Error as e:
-                _emit(out, Done(msg["run_id"], ok=False, owner_unusable=True, sqlstate=e.sqlstate or "28000",
+                # The owner's doing disables the job (retrying would only fail again); anything
+                # else fails the run, retried as any failure.
+                owners = not session.may_connect(owner, database)
+                _emit(out, Done(msg["run_id"], ok=False, owner_unusable=owners,
+                                sqlstate=e.sqlstate or ("28000" if owners else "08001"),
                                 message=protocol.cap(f"cannot open a session as the job's owner {owner}"
                                                      f"{f' in database {database}' if database else ''}: "
                                                      f"{str(e).strip()}")))
                 continue
             _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
-                               database=session.database))
+                               database=session.database, parked=session.parked_keys()))
         result, was_reset = run_one(session.conn, msg, heartbeat)
         # Report first, then reset (unless the run's pipeline did): the reset overlaps the parent's bookkeeping.
         _emit(out, result)
@@ -372,9 +460,10 @@ def _requests(session: Session, out: IO[str]) -> Iterator[bytes]:
     buf = b""
     while True:
         while b"\n" not in buf:
-            conn = session.conn  # the session may have reconnected as another owner
+            conn = session.conn  # the session may have switched to another owner's
             watch = [stdin] if conn.closed else [stdin, conn.fileno()]
-            ready, _, _ = select.select(watch, [], [])
+            until = session.expire(time.monotonic())
+            ready, _, _ = select.select([*watch, *session.fds()], [], [], until)
             if watch[-1] in ready and watch[-1] != stdin and not _still_connected(conn):
                 _emit(out, Lost())
             # With a run waiting on stdin, the loop in main() reconnects and runs it.

@@ -3,7 +3,7 @@ with an explicit clock."""
 
 from __future__ import annotations
 
-from pgsched.dispatch import CLOSE_WAIT_S, closes_wait
+from pgsched.dispatch import CLOSE_WAIT_S, Session, closes_wait, pair_by_session
 
 
 def test_an_ended_run_waits_for_others_at_most_close_wait() -> None:
@@ -18,3 +18,19 @@ def test_two_claims_worth_of_ended_runs_are_closed_at_once() -> None:
     assert not closes_wait(16, since=100.0, now=100.0, max_workers=8)
     assert not closes_wait(2, since=100.0, now=100.0, max_workers=1)
     assert closes_wait(1, since=100.0, now=100.0, max_workers=1)
+
+
+def test_runs_go_to_workers_in_their_owners_session_then_to_those_keeping_one_parked() -> None:
+    a: Session = ("alice", None)
+    b: Session = ("bob", None)
+    c: Session = ("carol", "other_db")
+    erin: Session = ("erin", None)
+    workers: list[tuple[Session, frozenset[Session]]] = [
+        (a, frozenset()), (b, frozenset({c})), (c, frozenset()), (("dave", None), frozenset({a, b}))]
+    # c's run takes worker 2 (its session), not 1 (parked): parked sessions come second.
+    assert pair_by_session([c, a, b], workers) == [2, 0, 1]
+    # A second run of a finds the worker that keeps a parked one before any other.
+    assert pair_by_session([a, a], workers) == [0, 3]
+    # Runs with nobody's session take the rest in order.
+    assert pair_by_session([erin, a, erin], workers) == [1, 0, 2]
+    assert pair_by_session([], workers) == []
