@@ -16,6 +16,7 @@ import psycopg
 from pgsched import __version__, migrate
 from pgsched.config import redact, resolve_dsn
 from pgsched.errors import PgschedError, first_line
+from pgsched.settings import MAX_WORKER_SESSIONS
 
 dsn_option = click.option(
     "--dsn", default=None,
@@ -139,7 +140,7 @@ def _embedded_dsn() -> str:
 @dsn_option
 @click.option("--max-workers", type=click.IntRange(1, 1000), default=None,
               help="Runs at once (default 8 per CPU core, at most 16).")
-@click.option("--worker-sessions", type=click.IntRange(1, 64), default=None,
+@click.option("--worker-sessions", type=click.IntRange(1, MAX_WORKER_SESSIONS), default=None,
               help="Sessions each worker keeps, one per job owner and database it ran lately (default 4).")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=None,
               help="Seconds SIGTERM waits for running jobs before cancelling them (default 30).")

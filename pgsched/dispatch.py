@@ -41,10 +41,16 @@ def closes_wait(ended: int, since: float, now: float, max_workers: int) -> bool:
     return ended < 2 * max_workers and now < since + CLOSE_WAIT_S
 
 
-Session = tuple[str | None, str | None]  # (role, database) of a worker's session
+SessionKey = tuple[str | None, str | None]  # (role, database) of a worker's session
 
 
-def pair_by_session(runs: Sequence[Session], workers: Sequence[tuple[Session, frozenset[Session]]]) -> list[int]:
+def parked_sessions(reported: list[list[str | None]]) -> frozenset[SessionKey]:
+    """A worker's parked sessions as it reported them (protocol.decode checked their shape)."""
+    return frozenset((k[0], k[1]) for k in reported)
+
+
+def pair_by_session(runs: Sequence[SessionKey],
+                    workers: Sequence[tuple[SessionKey, frozenset[SessionKey]]]) -> list[int]:
     """For each run (the session it needs), the index of the worker it goes to, each worker
     taking one: first the workers whose current session is the run's, then those that keep one
     parked, then the rest in order (as many workers as runs)."""
@@ -129,7 +135,7 @@ class Dispatch(LoopState):
         free = [self.workers[c.worker_pid] for c in runs if c.worker_pid in self.workers]
         if len(free) < len(runs):
             return
-        pairs = pair_by_session([(c.run.job.owner, c.run.job.database) for c in runs if c.run],
+        pairs = pair_by_session([(c.run.job.owner, c.run.job.database) for c in runs if c.run is not None],
                                 [((w.role, w.database), w.parked) for w in free])
         for c, i in zip(runs, pairs, strict=True):
             w = free[i]
@@ -284,7 +290,7 @@ class Dispatch(LoopState):
             worker.role = ev.role or None
             worker.database = ev.database
             if isinstance(ev, protocol.Backend):
-                worker.parked = frozenset((k[0], k[1]) for k in ev.parked if isinstance(k, list) and len(k) == 2)
+                worker.parked = parked_sessions(ev.parked)
             if worker.run is not None:
                 worker.run.backend_pid, worker.run.pids_changed = worker.backend_pid, True
         if isinstance(ev, protocol.Ready):
@@ -299,6 +305,8 @@ class Dispatch(LoopState):
                 if self.sd is not None:
                     self.sd.ready(f"{len(self.workers)} workers connected, instance {self.instance_id}")
         elif isinstance(ev, protocol.Done):
+            if ev.parked is not None:
+                worker.parked = parked_sessions(ev.parked)
             run = worker.run
             if run is None or run.run_id != ev.run_id:
                 log.warning("worker %s reported an unknown run %s", worker.pid, ev.run_id)

@@ -61,7 +61,8 @@ class Backend:
 @dataclass(frozen=True)
 class Done:
     """A run ended: ok, or the error (sqlstate, message). `lost`: the connection died with it;
-    `owner_unusable`: no session as the job's owner could be had (the job is disabled)."""
+    `owner_unusable`: no session as the job's owner could be had, by the owner's doing (the job is
+    disabled); `parked`: the worker's parked sessions, when they changed since it last said."""
 
     KIND: ClassVar[str] = "done"
     run_id: int
@@ -73,6 +74,7 @@ class Done:
     rows_affected: int | None = None
     result: Any = None
     scopes: list[str] | None = None  # a scoped job's plan run: the keys its scope_query returned
+    parked: list[list[str | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,10 @@ def decode(line: bytes | str) -> Event:
     if cls is None:
         raise ProtocolError(f"unknown event kind in {line[:200]!r}")
     known = _FIELDS[cls]
+    parked = obj.get("parked")
+    if parked is not None and not (isinstance(parked, list) and all(
+            isinstance(k, list) and len(k) == 2 and all(v is None or isinstance(v, str) for v in k) for k in parked)):
+        raise ProtocolError(f"{cls.KIND} event whose parked is not a list of [role, database]: {line[:200]!r}")
     try:
         return cls(**{k: v for k, v in obj.items() if k in known})
     except TypeError as e:

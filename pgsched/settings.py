@@ -14,6 +14,8 @@ from pgsched.errors import ConfigError
 # default max_connections (100) has room for, for a few instances.
 WORKERS_PER_CORE = 8
 MAX_DEFAULT_WORKERS = 16
+# serve --worker-sessions: each is a connection a worker may hold.
+MAX_WORKER_SESSIONS = 64
 
 
 def default_max_workers(cores: int | None = None) -> int:
@@ -65,3 +67,6 @@ class Settings:
         if self.dead_after < 3 * self.heartbeat_interval:
             raise ConfigError(f"dead_after ({self.dead_after}s) must be at least 3 x heartbeat_interval "
                               f"({self.heartbeat_interval}s); every instance on a database should use the same two")
+        if not 1 <= self.worker_sessions <= MAX_WORKER_SESSIONS:
+            raise ConfigError(f"worker_sessions must be a whole number from 1 to {MAX_WORKER_SESSIONS}, "
+                              f"not {self.worker_sessions}")

@@ -2,7 +2,8 @@
 
 A worker is `python -m pgsched.worker`, started by the launcher in its own
 session (process group) with the DSN in PGSCHED_WORKER_DSN. It keeps one
-database connection and runs one job at a time:
+database connection (and, with PGSCHED_WORKER_SESSIONS above 1, a few parked ones: Session)
+and runs one job at a time:
 
   parent -> worker (stdin, one JSON object per line): a run to execute
   worker -> parent (stdout, one JSON object per line): the events of pgsched.protocol, one record
@@ -11,8 +12,9 @@ database connection and runs one job at a time:
       Backend(run_id, backend_pid, role, database, parked)
                                             it switched sessions for a run (another owner's, new or
                                             parked, or a new one: the idle one was closed under it)
-      Done(run_id, ok, sqlstate, message, lost, owner_unusable, rows_affected, result, scopes)
-                                            a run ended (lost: its connection died with it)
+      Done(run_id, ok, sqlstate, message, lost, owner_unusable, rows_affected, result, scopes, parked)
+                                            a run ended (lost: its connection died with it;
+                                            parked: set when its parked sessions changed since)
       Lost()                                its idle session was lost after a run: it exits
       Failed(message)                       it could not connect or import the app modules: it exits
 
@@ -25,6 +27,7 @@ marks start and end, so a worker that dies needs no clean-up of its own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -55,6 +58,17 @@ MAX_SCOPE_KEY = 200
 # A parked session (Session) unused this long is closed: its backend holds one of the server's
 # connection slots and some memory.
 PARKED_IDLE_S = 60.0
+# What the server says when it refuses a session for want of connection slots (SQLSTATE 53300) or
+# cannot take one now (57P03), and libpq when nothing listens: refusals that pass, unlike the
+# owner's doing (no such role or database, no LOGIN or CONNECT, authentication failed). libpq gives
+# no SQLSTATE for a refused start-up, so the text decides; a server that words them in another
+# language (lc_messages) has them taken for the owner's doing, as every refusal was in 0.2.0 and earlier.
+PASSING_REFUSALS = {
+    "too many clients already": "53300", "remaining connection slots are reserved": "53300",
+    "too many connections for": "53300", "the database system is starting up": "57P03",
+    "the database system is shutting down": "57P03", "the database system is not yet accepting connections": "57P03",
+    "the database system is in recovery mode": "57P03", "connection refused": "08001",
+}
 
 
 def _die_with_parent() -> None:
@@ -130,13 +144,12 @@ class Session:
         self.dsn = dsn
         self.keep = max(1, keep)
         self.conn = self._connect(None)
-        row = self.conn.execute("SELECT session_user, pg_backend_pid(), current_database()").fetchone()
+        row = self.conn.execute("SELECT session_user, pg_backend_pid()").fetchone()
         assert row is not None
         self.default_role: str = row[0]
         self.role: str = row[0]
         self.database: str | None = None
         self.backend_pid: int = row[1]
-        self.home_database: str = row[2]  # the DSN's, where a job whose database is None runs
         # (role, database) -> (idle connection, monotonic time it was parked); oldest first.
         self.parked: OrderedDict[tuple[str, str | None], tuple[psycopg.Connection[Any], float]] = OrderedDict()
 
@@ -197,13 +210,12 @@ class Session:
         user = None if role == self.default_role else role
         try:
             return self._connect(user, database)
-        except psycopg.OperationalError:
-            # The server's connection slots may be full (libpq gives no SQLSTATE for a refused
-            # start-up): where the owner could connect, give back the parked sessions and try again.
-            if not self.parked or not self.may_connect(role, database):
+        except psycopg.OperationalError as e:
+            # The server's connection slots are full: give back the parked sessions and try again.
+            if not self.parked or passing_refusal(e) != "53300":
                 raise
         while self.parked:
-            self.parked.popitem(last=False)[1][0].close()
+            self._close_oldest()
         # Their backends leave the server's count a moment after the close, not at once.
         for pause in (0.005, 0.02, 0.05, 0.1):
             time.sleep(pause)
@@ -211,30 +223,26 @@ class Session:
                 return self._connect(user, database)
         return self._connect(user, database)
 
-    def may_connect(self, role: str, database: str | None) -> bool:
-        """Whether the catalog lets `role` log in to `database` (None: the DSN's): after a
-        session could not be opened, whether that was the owner's doing (no such role or database,
-        no LOGIN, an expired password, no CONNECT right: False) or something that passes, such as
-        the server's connection slots being full (True; also when the catalog cannot be read)."""
-        try:
-            row = self.conn.execute(
-                "SELECT r.rolcanlogin AND coalesce(r.rolvaliduntil > now(), true) AND d.datallowconn "
-                "AND has_database_privilege(r.oid, d.oid, 'CONNECT') FROM pg_catalog.pg_roles r, "
-                "pg_catalog.pg_database d WHERE r.rolname = %s AND d.datname = %s",
-                (role, database or self.home_database)).fetchone()
-        except psycopg.Error:
-            return True
-        return bool(row and row[0])
+    def close(self) -> None:
+        """Close every session, the current one and the parked ones."""
+        while self.parked:
+            self._close_oldest()
+        self.conn.close()
+
+    def _close_oldest(self) -> None:
+        self.parked.popitem(last=False)[1][0].close()
 
     def _park(self, conn: psycopg.Connection[Any], role: str, database: str | None) -> None:
+        """Keep the session being left (idle and reset after its run), or close it when none are kept."""
         if self.keep == 1 or conn.closed:
             conn.close()
             return
         self.parked[(role, database)] = (conn, time.monotonic())
         while len(self.parked) > self.keep - 1:
-            self.parked.popitem(last=False)[1][0].close()
+            self._close_oldest()
 
     def _use(self, conn: psycopg.Connection[Any], role: str, database: str | None) -> None:
+        """Make `conn` the session runs go to."""
         # The pid came with the connection's start (libpq's BackendKeyData): no round trip for it.
         # It is the server's own on a direct connection; through a pooler it would not be, but a
         # pooler refuses or drops the options every worker connects with (_connect) anyway.
@@ -243,6 +251,12 @@ class Session:
     def fds(self) -> list[int]:
         """The parked sessions' sockets (watched while idle: a closed one is dropped at once)."""
         return [c.fileno() for c, _ in self.parked.values() if not c.closed]
+
+
+def passing_refusal(e: psycopg.Error) -> str | None:
+    """The SQLSTATE of a refused session start that passes (PASSING_REFUSALS); None: the owner's doing."""
+    text = str(e).lower()
+    return next((code for words, code in PASSING_REFUSALS.items() if words in text), None)
 
 
 def _wait_for_start(msg: dict[str, Any]) -> None:
@@ -400,6 +414,7 @@ def main() -> int:
         return EXIT_CONNECT
     heartbeat = pyjob.Heartbeat(dsn)
     _emit(out, Ready(pid=os.getpid(), backend_pid=session.backend_pid, role=session.role))
+    reported: list[list[str | None]] = []  # the parked sessions the scheduler was told of
     for line in _requests(session, out):
         msg = json.loads(line)
         if not _idle_session_alive(session.conn):
@@ -409,8 +424,7 @@ def main() -> int:
                 session.reconnect()
             except psycopg.Error:
                 return EXIT_LOST
-            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
-                               database=session.database, parked=session.parked_keys()))
+            reported = _switched(out, session, msg["run_id"])
         owner = msg.get("owner")
         database = msg.get("database") or None
         if not owner:
@@ -422,26 +436,42 @@ def main() -> int:
             try:
                 session.become(owner, database)
             except psycopg.Error as e:
-                # The owner's doing disables the job (retrying would only fail again); anything
-                # else fails the run, retried as any failure.
-                owners = not session.may_connect(owner, database)
-                _emit(out, Done(msg["run_id"], ok=False, owner_unusable=owners,
-                                sqlstate=e.sqlstate or ("28000" if owners else "08001"),
-                                message=protocol.cap(f"cannot open a session as the job's owner {owner}"
-                                                     f"{f' in database {database}' if database else ''}: "
-                                                     f"{str(e).strip()}")))
+                # The owner's doing disables the job (retrying would only fail again); a refusal
+                # that passes fails the run, which is retried as any failure.
+                passing = passing_refusal(e)
+                reported = _report_end(out, session, reported, Done(
+                    msg["run_id"], ok=False, owner_unusable=passing is None, sqlstate=e.sqlstate or passing or "28000",
+                    message=protocol.cap(f"cannot open a session as the job's owner {owner}"
+                                         f"{f' in database {database}' if database else ''}: {str(e).strip()}")))
                 continue
-            _emit(out, Backend(run_id=msg["run_id"], backend_pid=session.backend_pid, role=session.role,
-                               database=session.database, parked=session.parked_keys()))
+            reported = _switched(out, session, msg["run_id"])
         result, was_reset = run_one(session.conn, msg, heartbeat)
         # Report first, then reset (unless the run's pipeline did): the reset overlaps the parent's bookkeeping.
-        _emit(out, result)
+        reported = _report_end(out, session, reported, result)
         if result.lost:
             return EXIT_LOST
         if not was_reset and not reset_session(session.conn):
             _emit(out, Lost())
             return EXIT_LOST
-    return EXIT_LOST if session.conn.closed or session.conn.broken else EXIT_OK
+    code = EXIT_LOST if session.conn.closed or session.conn.broken else EXIT_OK
+    session.close()
+    return code
+
+
+def _report_end(out: IO[str], session: Session, reported: list[list[str | None]], done: Done) -> list[list[str | None]]:
+    """Report a run's end, with the parked sessions if they changed since `reported` (expired, or
+    given back for want of slots); the parked ones the scheduler was told of."""
+    parked = session.parked_keys()
+    _emit(out, done if parked == reported else dataclasses.replace(done, parked=parked))
+    return parked
+
+
+def _switched(out: IO[str], session: Session, run_id: int) -> list[list[str | None]]:
+    """Tell the scheduler that a run goes to another session than the last (Backend); the parked ones it was told of."""
+    parked = session.parked_keys()
+    _emit(out, Backend(run_id=run_id, backend_pid=session.backend_pid, role=session.role,
+                       database=session.database, parked=parked))
+    return parked
 
 
 def _requests(session: Session, out: IO[str]) -> Iterator[bytes]:
@@ -481,7 +511,11 @@ def _idle_session_alive(conn: psycopg.Connection[Any]) -> bool:
     """Whether an idle session is still there, without blocking: only what the server already sent is read."""
     if conn.closed:
         return False
-    ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    try:
+        ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    except psycopg.OperationalError:  # libpq already dropped the socket
+        conn.close()
+        return False
     return not ready or _still_connected(conn)
 
 
@@ -490,11 +524,16 @@ def _still_connected(conn: psycopg.Connection[Any]) -> bool:
     if conn.closed:
         return False
     try:
-        conn.pgconn.consume_input()
-    except psycopg.OperationalError:
-        conn.close()
-        return False
-    if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+        # A terminated backend's last message (FATAL) and the end of the stream arrive apart: libpq
+        # takes the message as a notice and reports the end only at the next read, so read on while
+        # the socket has more (an idle live session has nothing more to say).
+        for _ in range(4):
+            conn.pgconn.consume_input()
+            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                raise psycopg.OperationalError("the connection is lost")
+            if not select.select([conn.pgconn.socket], [], [], 0)[0]:
+                break
+    except (psycopg.OperationalError, OSError):
         conn.close()
         return False
     return True

@@ -65,18 +65,18 @@ def run_as(w: Worker, role: str, run_id: int, command: str = RAN) -> tuple[proto
     return (backend[0] if backend else None), done[0]
 
 
-def worker_backends(conn: Conn, w: Worker) -> set[int]:
-    """The backends of the worker's sessions (by the client port each was opened from)."""
+def worker_backends(conn: Conn) -> set[int]:
+    """The backends of the one worker the test started (pgsched's only sessions in the cluster)."""
     return {int(r[0]) for r in conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
         "AND application_name LIKE 'pgsched%%'").fetchall()}
 
 
-def wait_backends(conn: Conn, w: Worker, want: set[int]) -> None:
+def wait_backends(conn: Conn, want: set[int]) -> None:
     deadline = time.monotonic() + 5
-    while worker_backends(conn, w) != want and time.monotonic() < deadline:
+    while worker_backends(conn) != want and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert worker_backends(conn, w) == want
+    assert worker_backends(conn) == want
 
 
 def test_a_worker_takes_back_the_parked_session_of_an_owner_it_ran_before(db: str, conn: Conn,
@@ -100,7 +100,7 @@ def test_a_worker_takes_back_the_parked_session_of_an_owner_it_ran_before(db: st
             (to_a.backend_pid, a), (to_b.backend_pid, b), (to_a.backend_pid, a), (to_a.backend_pid, a),
             (first, ready.role)])
         # Three sessions open: the one it is in and two parked, as it said.
-        wait_backends(conn, w, {first, to_a.backend_pid, to_b.backend_pid})
+        wait_backends(conn, {first, to_a.backend_pid, to_b.backend_pid})
 
 
 def test_the_least_recently_used_session_is_closed_beyond_the_limit_and_one_session_parks_none(
@@ -111,11 +111,11 @@ def test_the_least_recently_used_session_is_closed_beyond_the_limit_and_one_sess
         to_b, _ = run_as(w, b, 2)
         assert to_a is not None and to_b is not None and to_b.parked == [[a, None]]
         # The scheduler's-role session, the least recently used, was closed.
-        wait_backends(conn, w, {to_a.backend_pid, to_b.backend_pid})
+        wait_backends(conn, {to_a.backend_pid, to_b.backend_pid})
     with started(db, sessions=1) as (w, ready):
         to_a, _ = run_as(w, a, 1)
         assert to_a is not None and to_a.parked == []
-        wait_backends(conn, w, {to_a.backend_pid})
+        wait_backends(conn, {to_a.backend_pid})
         back, _ = run_as(w, str(ready.role), 2)
         assert back is not None and back.backend_pid not in (ready.backend_pid, to_a.backend_pid)
 
@@ -146,6 +146,8 @@ def test_nothing_a_run_leaves_reaches_the_next_run_on_a_session_that_was_parked_
 
 def test_a_parked_session_the_server_closed_is_replaced_and_the_run_does_not_crash(
         db: str, conn: Conn, owners: list[str]) -> None:
+    """The worker sees the parked session's socket close while it waits, drops it, and opens a new one
+    when the owner's run comes: no Lost, no crash."""
     a, b, _ = owners
     with started(db, sessions=3) as (w, _):
         to_a, _ = run_as(w, a, 1)
@@ -153,10 +155,37 @@ def test_a_parked_session_the_server_closed_is_replaced_and_the_run_does_not_cra
         assert to_a is not None
         conn.execute("SELECT pg_terminate_backend(%s)", (to_a.backend_pid,))
         time.sleep(0.2)
-        back, done = run_as(w, a, 3)
+        w.send({**insert_run(a), "run_id": 3, "command": RAN})
+        seen = events(w, protocol.Done)
+        assert not any(isinstance(e, protocol.Lost) for e in seen), seen
+        [back] = [e for e in seen if isinstance(e, protocol.Backend)]
+        [done] = [e for e in seen if isinstance(e, protocol.Done)]
         assert done.ok and not done.lost, done
-        assert back is not None and back.backend_pid != to_a.backend_pid and back.role == a
+        assert back.backend_pid != to_a.backend_pid and back.role == a
         assert w.proc.poll() is None
+
+
+def test_a_parked_session_found_dead_when_taken_back_is_replaced(db: str, conn: Conn, owners: list[str]) -> None:
+    """Session.become on its own (nobody watches the parked socket): the dead session is closed and a
+    new one opened as the owner."""
+    a, b, _ = owners
+    session = worker.Session(db, keep=3)
+    try:
+        session.become(a)
+        dead = session.backend_pid
+        session.become(b)
+        conn.execute("SELECT pg_terminate_backend(%s)", (dead,))
+        deadline = time.monotonic() + 5
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (dead,)).fetchone() != (0,):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        session.become(a)
+        assert session.backend_pid != dead and session.role == a
+        assert session.conn.execute("SELECT session_user::text, pg_backend_pid()").fetchone() == (
+            a, session.backend_pid)
+        assert [k for k, _ in session.parked_keys()] == [session.default_role, b]
+    finally:
+        session.close()
 
 
 def test_parked_sessions_unused_for_a_while_are_closed(db: str, conn: Conn, owners: list[str]) -> None:
@@ -180,15 +209,15 @@ def test_parked_sessions_unused_for_a_while_are_closed(db: str, conn: Conn, owne
             assert time.monotonic() < deadline, "the parked session's backend is still there"
             time.sleep(0.02)
     finally:
-        session.conn.close()
+        session.close()
 
 
 def test_with_the_servers_slots_full_parked_sessions_give_way_then_the_run_fails_without_disabling_its_job(
         db: str, conn: Conn, owners: list[str]) -> None:
     """A database's CONNECTION LIMIT (which binds the owners, not a superuser) stands in for a full server:
     the worker closes its parked sessions and opens the owner's; when even that is refused, the run
-    fails (08001: libpq gives no SQLSTATE for a refused start-up) and is retried as any failure: the
-    job is not disabled, and the worker goes on."""
+    fails (53300, taken from the refusal's text: libpq gives no SQLSTATE for a refused start-up) and is
+    retried as any failure: the job is not disabled, and the worker goes on."""
     a, b, c = owners
     name = psycopg.conninfo.conninfo_to_dict(db)["dbname"]
     with started(db, sessions=3) as (w, _):
@@ -205,8 +234,9 @@ def test_with_the_servers_slots_full_parked_sessions_give_way_then_the_run_fails
             conn.execute(sql.SQL("ALTER DATABASE {} CONNECTION LIMIT {}").format(sql.Identifier(str(name)),
                                                                                 sql.Literal(in_db - 2)))
             _, done = run_as(w, a, 4)
-            assert (done.ok, done.sqlstate, done.owner_unusable) == (False, "08001", False), done
+            assert (done.ok, done.sqlstate, done.owner_unusable) == (False, "53300", False), done
             assert "too many connections" in str(done.message), done
+            assert done.parked == [], done  # b's, given back: the scheduler is told
             again, done = run_as(w, c, 5)
             assert again is None and done.ok, done  # still in c's session
         finally:
@@ -215,8 +245,10 @@ def test_with_the_servers_slots_full_parked_sessions_give_way_then_the_run_fails
 
 def test_the_scheduler_gives_runs_to_workers_that_keep_their_owners_sessions(db: str, conn: Conn,
                                                                              owners: list[str]) -> None:
-    """Jobs of three owners, two workers of four sessions each: a worker opens at most one session per
-    owner (six in all), every run runs as its owner, and each run's row names the backend that ran it."""
+    """Jobs of three owners, two workers of four sessions each, through the scheduler: a worker opens at
+    most one session per owner (six in all; with one session a worker it opens many more), every run
+    runs as its owner, and each run's row names the backend that ran it. (Which worker a run goes to
+    is tests/unit/test_dispatch.py's.)"""
     conn.execute("CREATE TABLE ran_by (pid int, role text, run_id bigint)")
     for owner in owners:
         conn.execute(sql.SQL("GRANT INSERT ON ran_by TO {}").format(sql.Identifier(owner)))

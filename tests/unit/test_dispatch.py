@@ -3,7 +3,7 @@ with an explicit clock."""
 
 from __future__ import annotations
 
-from pgsched.dispatch import CLOSE_WAIT_S, Session, closes_wait, pair_by_session
+from pgsched.dispatch import CLOSE_WAIT_S, SessionKey, closes_wait, pair_by_session
 
 
 def test_an_ended_run_waits_for_others_at_most_close_wait() -> None:
@@ -21,11 +21,11 @@ def test_two_claims_worth_of_ended_runs_are_closed_at_once() -> None:
 
 
 def test_runs_go_to_workers_in_their_owners_session_then_to_those_keeping_one_parked() -> None:
-    a: Session = ("alice", None)
-    b: Session = ("bob", None)
-    c: Session = ("carol", "other_db")
-    erin: Session = ("erin", None)
-    workers: list[tuple[Session, frozenset[Session]]] = [
+    a: SessionKey = ("alice", None)
+    b: SessionKey = ("bob", None)
+    c: SessionKey = ("carol", "other_db")
+    erin: SessionKey = ("erin", None)
+    workers: list[tuple[SessionKey, frozenset[SessionKey]]] = [
         (a, frozenset()), (b, frozenset({c})), (c, frozenset()), (("dave", None), frozenset({a, b}))]
     # c's run takes worker 2 (its session), not 1 (parked): parked sessions come second.
     assert pair_by_session([c, a, b], workers) == [2, 0, 1]

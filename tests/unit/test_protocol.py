@@ -11,6 +11,8 @@ from pgsched.protocol import MAX_MESSAGE, Backend, Done, Failed, Lost, ProtocolE
 @pytest.mark.parametrize("event", [
     Ready(pid=10, backend_pid=20, role="alice"),
     Backend(run_id=5, backend_pid=21, role=None),
+    Backend(run_id=6, backend_pid=22, role="bob", database="app", parked=[["alice", None], ["carol", "app"]]),
+    Done(10, ok=True, parked=[]),
     Done(7, ok=True, rows_affected=3, result={"a": [1, 2]}, scopes=["eu", "us"]),
     Done(8, ok=False, sqlstate="22012", message="division by zero", lost=True),
     Done(9, ok=False, owner_unusable=True, sqlstate="28000", message="no login"),
@@ -24,7 +26,10 @@ def test_each_event_kind_round_trips(event: protocol.Event) -> None:
 
 
 @pytest.mark.parametrize("line", [b"not json", b"[1]", b'{"event": "nope"}', b'{"run_id": 1}',
-                                  b'{"event": "done", "ok": true}', b'{"event": "ready", "pid": 1}'])
+                                  b'{"event": "done", "ok": true}', b'{"event": "ready", "pid": 1}',
+                                  b'{"event": "backend", "run_id": 1, "backend_pid": 2, "parked": [["a"]]}',
+                                  b'{"event": "backend", "run_id": 1, "backend_pid": 2, "parked": "a"}',
+                                  b'{"event": "done", "run_id": 1, "ok": true, "parked": [[1, null]]}'])
 def test_a_line_that_is_not_an_event_is_refused(line: bytes) -> None:
     with pytest.raises(ProtocolError):
         protocol.decode(line)

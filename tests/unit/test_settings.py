@@ -23,3 +23,21 @@ def test_the_default_worker_count_is_eight_per_core_at_most_sixteen(cores: int, 
 def test_dead_after_must_leave_room_for_missed_heartbeats(heartbeat: float, dead_after: float) -> None:
     with pytest.raises(ConfigError, match=r"dead_after .* must be at least 3 x heartbeat_interval"):
         Settings(dsn="", heartbeat_interval=heartbeat, dead_after=dead_after)
+
+
+@pytest.mark.parametrize("sessions", [0, -1, 65])
+def test_worker_sessions_is_a_whole_number_from_one_to_sixty_four(sessions: int) -> None:
+    assert Settings(dsn="").worker_sessions == 4
+    assert Settings(dsn="", worker_sessions=64).worker_sessions == 64
+    with pytest.raises(ConfigError, match=r"worker_sessions must be a whole number from 1 to 64, not "):
+        Settings(dsn="", worker_sessions=sessions)
+
+
+def test_serve_refuses_worker_sessions_out_of_range_before_connecting() -> None:
+    from click.testing import CliRunner
+
+    from pgsched.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--worker-sessions", "0", "--dsn", "host=/nonexistent"])
+    assert result.exit_code == 2
+    assert "--worker-sessions" in result.output and "1<=x<=64" in result.output
