@@ -153,7 +153,8 @@ class Dispatch(LoopState):
             assert c.run is not None
             if (c.run.worker_pid, c.run.backend_pid) != (w.pid, w.backend_pid):
                 c.run.worker_pid, c.run.backend_pid, c.run.pids_changed = w.pid, w.backend_pid, True
-        claimed[:] = [replace(c, worker_pid=c.run.worker_pid) if c.run is not None else c for c in claimed]
+        claimed[:] = [replace(c, worker_pid=c.run.worker_pid)
+                      if c.run is not None and c.run.worker_pid != c.worker_pid else c for c in claimed]
 
     def _launch_run(self, worker: Worker, run: Run) -> dict[str, Any] | None:
         """Take a claimed run in hand; the message that hands it to `worker` (None: it does not run)."""
