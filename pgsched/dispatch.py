@@ -115,24 +115,13 @@ class Dispatch(LoopState):
     def _launch_claimed(self, claimed: list[Claimed], how: str) -> None:
         """Hand each claimed (or taken-over) run to its worker; a run that cannot run disables its job."""
         self._match_owners(claimed)
-        sends: list[tuple[Worker, dict[str, Any]]] = []
         for c in claimed:
             log_change(c.job_id, None, c.job_state, f"run {c.run_id} {how}")
             worker = self.workers.get(c.worker_pid or -1)
             if c.run is None or worker is None:
                 self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
                 continue
-            msg = self._launch_run(worker, c.run)
-            if msg is not None:
-                sends.append((worker, msg))
-        # Handed out together once every run's bookkeeping is done: on two cores, each worker a
-        # write wakes may take the loop's core, and the loop's work in between then waits for it.
-        for worker, msg in sends:
-            try:
-                worker.send(msg)
-            except OSError:
-                # The worker died between claim and send; reaping it records the crash.
-                worker.retiring = True
+            self._launch_run(worker, c.run)
 
     def _match_owners(self, claimed: list[Claimed]) -> None:
         """Give each run a worker already connected as its owner where one was claimed for, else
@@ -156,21 +145,20 @@ class Dispatch(LoopState):
         claimed[:] = [replace(c, worker_pid=c.run.worker_pid)
                       if c.run is not None and c.run.worker_pid != c.worker_pid else c for c in claimed]
 
-    def _launch_run(self, worker: Worker, run: Run) -> dict[str, Any] | None:
-        """Take a claimed run in hand; the message that hands it to `worker` (None: it does not run)."""
+    def _launch_run(self, worker: Worker, run: Run) -> None:
         job = run.job
         if (job.exclude is not None and not run.scope and not run.manual
                 and exclusion.excluded(job.exclude, job.schedule.tz, run.plan_time)):
             self._skip_excluded(run)
-            return None
+            return
         if job.owner is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   "the job's owner role no longer exists: delete the job or give it a new owner")
-            return None
+            return
         if job.kind == "proc" and job.is_procedure is None:
             self._fail_unrunnable(run.run_id, job.job_id,
                                   f"proc {job.proc_schema}.{job.proc_name}(integer, jsonb) does not exist")
-            return None
+            return
         # A scheduled dependent's plan (an @after job is given plans only once its upstreams succeeded).
         # Its retries and the takeover of its run are the same plan, which took the upstreams' success.
         if job.depends_on and not job.schedule.by_database and not run.scope and not run.manual \
@@ -178,7 +166,7 @@ class Dispatch(LoopState):
             why = self._upstreams_wait(run)
             if why is not None:
                 self._skip_waiting(run, why)
-                return None
+                return
         if job.max_runtime is not None:
             run.deadline = run.started_at + job.max_runtime
         worker.run = run
@@ -191,19 +179,23 @@ class Dispatch(LoopState):
             log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
                      run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag,
                      worker.pid, extra=self._run_fields(run, "running", None, None))
-        return {
-            "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
-            "database": job.database,
-            "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
-            "command": job.command, "config": run.config, "app": run.app_name, "job_name": job.job_name,
-            "scope_query": job.scope_query if run.fans_out else None,
-            "code_module": job.code_module, "code_function": job.code_function,
-            "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": run.scope,
-            "attempt": run.attempt,
-            # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
-            # whatever its own set-up took.
-            "start_at": time.monotonic() + max(0.0, (run.started_at - self.clock.now()).total_seconds()),
-        }
+        try:
+            worker.send({
+                "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
+                "database": job.database,
+                "proc_schema": job.proc_schema, "proc_name": job.proc_name, "is_procedure": job.is_procedure,
+                "command": job.command, "config": run.config, "app": run.app_name, "job_name": job.job_name,
+                "scope_query": job.scope_query if run.fans_out else None,
+                "code_module": job.code_module, "code_function": job.code_function,
+                "plan_time": run.plan_time.isoformat(), "lease_token": run.lease_token, "scope": run.scope,
+                "attempt": run.attempt,
+                # CLOCK_MONOTONIC is system-wide: the worker waits for this very instant,
+                # whatever its own set-up took.
+                "start_at": time.monotonic() + max(0.0, (run.started_at - self.clock.now()).total_seconds()),
+            })
+        except OSError:
+            # The worker died between claim and send; reaping it records the crash.
+            worker.retiring = True
 
     def _run_fields(self, run: Run, outcome: str, duration: float | None, sqlstate: str | None) -> dict[str, Any]:
         """A run's start or end record's own keys (pgsched.logs.RUN_FIELDS), for --log-format json."""
