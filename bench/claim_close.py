@@ -26,13 +26,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from common import cluster
+from common import cluster, worktree
 from psycopg.types.json import Jsonb
 from scheduler import add_jobs
 
@@ -124,52 +123,45 @@ def main() -> None:
     BACKENDS[:] = range(200_000, 200_000 + args.runs)
     if args.pids_changed:
         RAN_ON[:] = [300_000, 400_000]
-    other = Path(tempfile.mkdtemp(prefix="pgsched-bench-release-")) / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(other), args.against],
-                   check=True, capture_output=True)
-    try:
-        with cluster() as (_, dsn):
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("CREATE DATABASE a")
-                conn.execute("CREATE DATABASE b")
-            dsns = {name: psycopg.conninfo.make_conninfo(dsn, dbname=name) for name in ("a", "b")}
-            install(dsns["a"], other)
-            install(dsns["b"], ROOT)
-            if args.concurrency:
-                with psycopg.connect(dsns["b"], autocommit=True) as conn:
-                    conn.execute("SELECT pgsched.set_concurrency_limit('bench', 100)")
-                    conn.execute("UPDATE pgsched.job SET concurrency_key = 'bench' WHERE job_id % 2 = 1")
-            if args.dependencies:
-                with psycopg.connect(dsns["b"], autocommit=True) as conn:
-                    conn.execute("UPDATE pgsched.job SET depends_on = ARRAY[job_id - 1], schedule = '@after' "
-                                 "WHERE job_id % 2 = 1")
-                    conn.execute("UPDATE pgsched.job_stat SET next_start = NULL WHERE job_id % 2 = 1")
-            # A release from 0.2.0 on has this tree's statement names.
-            with psycopg.connect(dsns["a"]) as conn:
-                v2 = conn.execute("SELECT to_regproc('pgsched._close_runs') IS NOT NULL").fetchone()
-            clients = {name: Client("b" if v2 and v2[0] else name, d) for name, d in dsns.items()}
+    with worktree(args.against) as other, cluster() as (_, dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE a")
+            conn.execute("CREATE DATABASE b")
+        dsns = {name: psycopg.conninfo.make_conninfo(dsn, dbname=name) for name in ("a", "b")}
+        install(dsns["a"], other)
+        install(dsns["b"], ROOT)
+        if args.concurrency:
+            with psycopg.connect(dsns["b"], autocommit=True) as conn:
+                conn.execute("SELECT pgsched.set_concurrency_limit('bench', 100)")
+                conn.execute("UPDATE pgsched.job SET concurrency_key = 'bench' WHERE job_id % 2 = 1")
+        if args.dependencies:
+            with psycopg.connect(dsns["b"], autocommit=True) as conn:
+                conn.execute("UPDATE pgsched.job SET depends_on = ARRAY[job_id - 1], schedule = '@after' "
+                             "WHERE job_id % 2 = 1")
+                conn.execute("UPDATE pgsched.job_stat SET next_start = NULL WHERE job_id % 2 = 1")
+        # A release from 0.2.0 on has this tree's statement names.
+        with psycopg.connect(dsns["a"]) as conn:
+            v2 = conn.execute("SELECT to_regproc('pgsched._close_runs') IS NOT NULL").fetchone()
+        clients = {name: Client("b" if v2 and v2[0] else name, d) for name, d in dsns.items()}
+        for c in clients.values():
+            c.block(args.block, keep=False)  # warm: plans, caches
+        for _ in range(args.rounds):
             for c in clients.values():
-                c.block(args.block, keep=False)  # warm: plans, caches
-            for _ in range(args.rounds):
-                for c in clients.values():
-                    c.block(args.block)
-            out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": args.runs,
-                                   "concurrency": args.concurrency, "dependencies": args.dependencies,
-                                   "pids_changed": args.pids_changed}
-            for name, c in clients.items():
-                label = args.against if name == "a" else "this tree"
-                claim_ms, close_ms = statistics.median(c.claim_ms), statistics.median(c.close_ms)
-                # The database's side of one run: its share of a claim and of a close.
-                out[label] = {"claim_ms": round(claim_ms, 3), "close_ms": round(close_ms, 3),
-                              "us_per_run": round(1000 * (claim_ms + close_ms) / args.runs, 1)}
-                c.conn.close()
-            a, b = clients["a"], clients["b"]
-            out["claim_ratio"] = round(statistics.median(b.claim_ms) / statistics.median(a.claim_ms), 3)
-            out["close_ratio"] = round(statistics.median(b.close_ms) / statistics.median(a.close_ms), 3)
-            print(json.dumps(out))
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False,
-                       capture_output=True)
+                c.block(args.block)
+        out: dict[str, Any] = {"scenario": "claim_close", "against": args.against, "runs_per_round": args.runs,
+                               "concurrency": args.concurrency, "dependencies": args.dependencies,
+                               "pids_changed": args.pids_changed}
+        for name, c in clients.items():
+            label = args.against if name == "a" else "this tree"
+            claim_ms, close_ms = statistics.median(c.claim_ms), statistics.median(c.close_ms)
+            # The database's side of one run: its share of a claim and of a close.
+            out[label] = {"claim_ms": round(claim_ms, 3), "close_ms": round(close_ms, 3),
+                          "us_per_run": round(1000 * (claim_ms + close_ms) / args.runs, 1)}
+            c.conn.close()
+        a, b = clients["a"], clients["b"]
+        out["claim_ratio"] = round(statistics.median(b.claim_ms) / statistics.median(a.claim_ms), 3)
+        out["close_ratio"] = round(statistics.median(b.close_ms) / statistics.median(a.close_ms), 3)
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

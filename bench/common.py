@@ -56,6 +56,19 @@ def cluster(*, install: bool = True, settings: dict[str, str] | None = None) -> 
         c.destroy()
 
 
+@contextmanager
+def worktree(ref: str) -> Iterator[Path]:
+    """A temporary `git worktree` of `ref` (this checkout's repository), removed afterwards."""
+    tree = Path(tempfile.mkdtemp(prefix="pgsched-bench-tree-")) / "tree"
+    subprocess.run(["git", "-C", str(TREE), "worktree", "add", "--detach", str(tree), ref],
+                   check=True, capture_output=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(TREE), "worktree", "remove", "--force", str(tree)], check=False,
+                       capture_output=True)
+
+
 def serve_default_workers() -> int:
     """`serve`'s own default --max-workers in the tree measured (8 before it came from the machine)."""
     try:
