@@ -358,14 +358,19 @@ def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
             wait_for_log(log, "ready:", 30)
             time.sleep(2)
             with psycopg.connect(dsn, autocommit=True) as conn:
-                def runs() -> int:
-                    r = conn.execute("SELECT count(*) FROM pgsched.job_run WHERE outcome = 'success'").fetchone()
-                    return int(r[0]) if r else 0
+                def runs() -> tuple[int, int]:
+                    r = conn.execute("SELECT count(*) FILTER (WHERE outcome = 'success'), coalesce(max(run_id), 0) "
+                                     "FROM pgsched.job_run").fetchone()
+                    return (int(r[0]), int(r[1])) if r else (0, 0)
                 pm = c.postmaster_pid()
                 assert pm is not None
-                n0, t0, c0, a0 = runs(), time.monotonic(), cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid, pm)
+                (n0, id0), t0, c0, a0 = runs(), time.monotonic(), cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid, pm)
                 time.sleep(seconds)
-                n1, t1, c1, a1 = runs(), time.monotonic(), cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid, pm)
+                (n1, id1), t1, c1, a1 = runs(), time.monotonic(), cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid, pm)
+                # The sessions the window's runs ran in: with jobs of several owners, the new sessions
+                # the workers opened (each backend pid one session; a pid reused within seconds is rare).
+                sessions = conn.execute("SELECT count(DISTINCT backend_pid) FROM pgsched.job_run "
+                                        "WHERE run_id > %s AND run_id <= %s", (id0, id1)).fetchone()
         stats = final_stats(log)
         rate = (n1 - n0) / (t1 - t0)
         bench = pgbench_tps(c, workers, 10)
@@ -380,6 +385,7 @@ def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
             # backends, the WAL writer, autovacuum). The runs' cost with the machine's other load
             # taken out, where runs/s moves with it (issue 14's comparisons).
             "cpu_us_per_run": round(1e6 * (a1 - a0) / max(n1 - n0, 1), 1),
+            "sessions_per_run": round(int(sessions[0]) / max(id1 - id0, 1), 4) if sessions else None,
             "ratio": round(rate / bench, 3), "scheduler_transactions_per_run": stats.get("per_run"),
             "workers": workers, "target": ">= 1000 runs/s and >= 0.5 x pgbench; <= 2 scheduler transactions/run"}
 

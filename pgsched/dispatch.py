@@ -52,17 +52,55 @@ def parked_sessions(reported: list[list[str | None]]) -> frozenset[SessionKey]:
 def pair_by_session(runs: Sequence[SessionKey],
                     workers: Sequence[tuple[SessionKey, frozenset[SessionKey]]]) -> list[int]:
     """For each run (the session it needs), the index of the worker it goes to, each worker
-    taking one: first the workers whose current session is the run's, then those that keep one
-    parked, then the rest in order (as many workers as runs)."""
+    taking one (as many workers as runs): first the workers whose current session is the run's;
+    then as many of the other runs as can be, to workers that hold their session, current or
+    parked; then the rest in order.
+
+    The second step is a maximum matching, not first come first served. Taken in turn, runs of
+    owners A and B facing a worker that keeps A and B parked and one that keeps only A could
+    leave B to open a new session (about 5 ms of CPU, ten runs' worth) where both had one. A run
+    may also leave its worker's current session for another worker holding it parked when that
+    frees the worker for a run that would otherwise open one: a switch to a parked session costs
+    a fraction of a new one. In a simulation of eight owners on sixteen workers of four sessions
+    (claims of 6 to 12 runs, owners at random), 13 % of the runs opened a session taken in turn,
+    2 % this way.
+    """
     chosen: list[int | None] = [None] * len(runs)
-    free = list(range(len(workers)))
-    for parked in (False, True):
-        for r, key in enumerate(runs):
+    taken: dict[int, int] = {}  # worker -> run
+    for r, key in enumerate(runs):
+        i = next((i for i, w in enumerate(workers) if i not in taken and w[0] == key), None)
+        if i is not None:
+            chosen[r], taken[i] = i, r
+    holding: dict[SessionKey, list[int]] = {}  # the workers holding each session, current ones first
+
+    def give(r: int, seen: set[int]) -> bool:
+        """Give run r a worker holding its session: a free one, else one whose run can move to
+        another (an augmenting path, through the workers keeping the session parked before
+        those whose current session it is)."""
+        holders = holding.get(runs[r], [])
+        for i in holders:
+            if i not in taken and i not in seen:
+                seen.add(i)
+                chosen[r], taken[i] = i, r
+                return True
+        for i in reversed(holders):
+            if i not in seen:
+                seen.add(i)
+                if give(taken[i], seen):
+                    chosen[r], taken[i] = i, r
+                    return True
+        return False
+
+    if len(taken) < len(runs):
+        for i, (current, _) in enumerate(workers):
+            holding.setdefault(current, []).append(i)
+        for i, (_, parked) in enumerate(workers):
+            for key in parked:
+                holding.setdefault(key, []).append(i)
+        for r in range(len(runs)):
             if chosen[r] is None:
-                i = next((i for i in free if (key in workers[i][1] if parked else workers[i][0] == key)), None)
-                if i is not None:
-                    free.remove(i)
-                    chosen[r] = i
+                give(r, set())
+    free = [i for i in range(len(workers)) if i not in taken]
     return [c if c is not None else free.pop(0) for c in chosen]
 
 

@@ -3,6 +3,12 @@ with an explicit clock."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from pgsched.dispatch import CLOSE_WAIT_S, SessionKey, closes_wait, pair_by_session
 
 
@@ -34,3 +40,35 @@ def test_runs_go_to_workers_in_their_owners_session_then_to_those_keeping_one_pa
     # Runs with nobody's session take the rest in order.
     assert pair_by_session([erin, a, erin], workers) == [1, 0, 2]
     assert pair_by_session([], workers) == []
+
+
+def test_runs_are_paired_to_keep_as_many_sessions_as_can_be() -> None:
+    a: SessionKey = ("alice", None)
+    b: SessionKey = ("bob", None)
+    c: SessionKey = ("carol", None)
+    # Taken in turn, a's run would take worker 0 and leave b's none that keeps its session.
+    assert pair_by_session([a, b], [(c, frozenset({a, b})), (c, frozenset({a}))]) == [1, 0]
+    # a's run leaves worker 0's current session for worker 1, which keeps a parked, so that b's
+    # run finds its parked session on worker 0.
+    assert pair_by_session([a, b], [(a, frozenset({b})), (c, frozenset({a}))]) == [1, 0]
+    # No needless move: a free worker holding the session is taken before any run is moved.
+    assert pair_by_session([a, b], [(a, frozenset()), (c, frozenset({a})), (c, frozenset({b}))]) == [0, 2]
+
+
+_KEYS = [("r0", None), ("r1", None), ("r2", "db"), ("r3", None)]
+
+
+@given(st.lists(st.tuples(st.sampled_from(_KEYS), st.frozensets(st.sampled_from(_KEYS), max_size=3)),
+                min_size=1, max_size=6).flatmap(
+    lambda ws: st.tuples(st.lists(st.sampled_from(_KEYS), min_size=len(ws), max_size=len(ws)), st.just(ws))))
+def test_pairing_keeps_the_most_sessions_possible(case: tuple[list[SessionKey],
+                                                              list[tuple[SessionKey, frozenset[SessionKey]]]]) -> None:
+    runs, workers = case
+    pairs = pair_by_session(runs, workers)
+    assert sorted(pairs) == list(range(len(workers)))  # each worker one run
+
+    def held(assignment: Sequence[int]) -> int:
+        return sum(1 for r, i in enumerate(assignment) if runs[r] == workers[i][0] or runs[r] in workers[i][1])
+
+    # As many runs find their session as in the best of every assignment (a brute force).
+    assert held(pairs) == max(held(p) for p in itertools.permutations(range(len(workers))))
