@@ -67,10 +67,13 @@ def pair_by_session(runs: Sequence[SessionKey],
     """
     chosen: list[int | None] = [None] * len(runs)
     taken: dict[int, int] = {}  # worker -> run
+    free = list(range(len(workers)))
     for r, key in enumerate(runs):
-        i = next((i for i, w in enumerate(workers) if i not in taken and w[0] == key), None)
-        if i is not None:
-            chosen[r], taken[i] = i, r
+        for n, i in enumerate(free):
+            if workers[i][0] == key:
+                del free[n]
+                chosen[r], taken[i] = i, r
+                break
     holding: dict[SessionKey, list[int]] = {}  # the workers holding each session, current ones first
 
     def give(r: int, seen: set[int]) -> bool:
@@ -100,8 +103,8 @@ def pair_by_session(runs: Sequence[SessionKey],
         for r in range(len(runs)):
             if chosen[r] is None:
                 give(r, set())
-    free = [i for i in range(len(workers)) if i not in taken]
-    return [c if c is not None else free.pop(0) for c in chosen]
+    rest = [i for i in range(len(workers)) if i not in taken]
+    return [c if c is not None else rest.pop(0) for c in chosen]
 
 
 class Dispatch(LoopState):
