@@ -1,6 +1,6 @@
 """Before and after in one sitting: a bench run alternately on another commit and on this tree.
 
-    ./dev bench compare --against REF [--pairs 4] [--keys runs_per_s,cpu_us_per_run] BENCH [ARGS...]
+    ./dev bench compare --against REF [--pairs 4] [--warmup 1] [--keys runs_per_s,cpu_us_per_run] BENCH [ARGS...]
     ./dev bench compare --against 91430c7 --pairs 6 scheduler throughput
     ./dev bench compare --against HEAD cpu_split --seconds 15
 
@@ -10,6 +10,9 @@ end) and each run imports the pgsched of its tree (PYTHONPATH), with this tree's
 so both are measured the same way. The trees alternate in pairs whose order flips each time
 (before-after, after-before, ...), so that a drift of the machine during the sitting weighs on
 both alike: this machine's speed moves by ±15 % within minutes, more than most changes measured.
+The first run of a sitting tends to be the fastest (in three sittings of `throughput` on
+2026-11-27 the first gave 2,374-2,461 runs/s and the others 1,792-2,283; a fourth had no such
+drop): --warmup runs (default 1, of this tree) go first and are not counted.
 
 Each run prints one JSON line as it ends (`tree`: before or after, `at`, the bench's own keys);
 then a summary per numeric key (or per --keys): each side's values, mean and median, the mean
@@ -98,18 +101,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", required=True, help="git ref of the code before (a commit, a tag, HEAD)")
     ap.add_argument("--pairs", type=int, default=4, help="before/after pairs, order alternating (default 4)")
+    ap.add_argument("--warmup", type=int, default=1, help="runs of this tree first, not counted (default 1)")
     ap.add_argument("--keys", default=None, help="comma-separated keys to summarize (default: every numeric key)")
     ap.add_argument("bench", help="a script of bench/, without .py (scheduler, cpu_split, ...)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the bench's own arguments")
     args = ap.parse_args()
     if args.pairs < 1:
         ap.error("--pairs: at least 1")
+    if args.warmup < 0:
+        ap.error("--warmup: 0 or more")
     if args.bench == "compare" or not (BENCH / f"{args.bench}.py").is_file():
         ap.error(f"bench: a script of {BENCH} other than compare, without .py (got {args.bench!r})")
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     with worktree(args.against) as before_tree:
         trees = {"before": before_tree, "after": TREE}
+        for n in range(args.warmup):
+            result = run_once(TREE, args.bench, args.args)
+            print(json.dumps({"tree": "warmup", "run": n + 1, "at": time.strftime("%H:%M:%S"), **result}), flush=True)
         for pair in range(args.pairs):
             for side in order(pair):
                 result = run_once(trees[side], args.bench, args.args)
