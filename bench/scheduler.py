@@ -367,8 +367,9 @@ def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
                 (n0, id0), t0, c0, a0 = runs(), time.monotonic(), cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid, pm)
                 time.sleep(seconds)
                 (n1, id1), t1, c1, a1 = runs(), time.monotonic(), cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid, pm)
-                # The sessions the window's runs ran in: with jobs of several owners, the new sessions
-                # the workers opened (each backend pid one session; a pid reused within seconds is rare).
+                # The sessions the window's runs ran in (each backend pid one session), over the runs
+                # claimed in it: the sessions the workers opened in the window plus those they held
+                # from before it (at most workers x worker_sessions, against tens of thousands of runs).
                 sessions = conn.execute("SELECT count(DISTINCT backend_pid) FROM pgsched.job_run "
                                         "WHERE run_id > %s AND run_id <= %s", (id0, id1)).fetchone()
         stats = final_stats(log)

@@ -11,7 +11,7 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,18 +52,18 @@ def parked_sessions(reported: list[list[str | None]]) -> frozenset[SessionKey]:
 def pair_by_session(runs: Sequence[SessionKey],
                     workers: Sequence[tuple[SessionKey, frozenset[SessionKey]]]) -> list[int]:
     """For each run (the session it needs), the index of the worker it goes to, each worker
-    taking one (as many workers as runs): first the workers whose current session is the run's;
-    then as many of the other runs as can be, to workers that hold their session, current or
-    parked; then the rest in order.
+    taking one (at least as many workers as runs): first the workers whose current session is the
+    run's; then as many of the other runs as can be, to workers that hold their session, current
+    or parked; then the rest in order.
 
     The second step is a maximum matching, not first come first served. Taken in turn, runs of
     owners A and B facing a worker that keeps A and B parked and one that keeps only A could
-    leave B to open a new session (about 5 ms of CPU, ten runs' worth) where both had one. A run
-    may also leave its worker's current session for another worker holding it parked when that
-    frees the worker for a run that would otherwise open one: a switch to a parked session costs
-    a fraction of a new one. In a simulation of eight owners on sixteen workers of four sessions
-    (claims of 6 to 12 runs, owners at random), 13 % of the runs opened a session taken in turn,
-    2 % this way.
+    leave B to open a new session (about 5 ms of CPU, ten runs' worth) where both had one. To
+    get there a run may leave its worker's current session for another worker keeping it parked
+    (a switch to a parked session costs a fraction of a new one), sometimes where another pairing
+    as large would have left it in place. In a simulation of eight owners on sixteen workers of
+    four sessions (claims of 6 to 12 runs, owners at random), 13 % of the runs opened a session
+    taken in turn, 2 % this way.
     """
     chosen: list[int | None] = [None] * len(runs)
     taken: dict[int, int] = {}  # worker -> run
@@ -74,35 +74,50 @@ def pair_by_session(runs: Sequence[SessionKey],
                 del free[n]
                 chosen[r], taken[i] = i, r
                 break
-    holding: dict[SessionKey, list[int]] = {}  # the workers holding each session, current ones first
-
-    def give(r: int, seen: set[int]) -> bool:
-        """Give run r a worker holding its session: a free one, else one whose run can move to
-        another (an augmenting path, through the workers keeping the session parked before
-        those whose current session it is)."""
-        holders = holding.get(runs[r], [])
-        for i in holders:
-            if i not in taken and i not in seen:
-                seen.add(i)
-                chosen[r], taken[i] = i, r
-                return True
-        for i in reversed(holders):
-            if i not in seen:
-                seen.add(i)
-                if give(taken[i], seen):
-                    chosen[r], taken[i] = i, r
-                    return True
-        return False
-
     if len(taken) < len(runs):
+        holding: dict[SessionKey, list[int]] = {}  # the workers holding each session, current ones first
         for i, (current, _) in enumerate(workers):
             holding.setdefault(current, []).append(i)
         for i, (_, parked) in enumerate(workers):
             for key in parked:
                 holding.setdefault(key, []).append(i)
-        for r in range(len(runs)):
-            if chosen[r] is None:
-                give(r, set())
+        # Augmenting paths, searched without recursion (up to max_workers deep). A search that fails
+        # changes nothing, so the workers it visited stay visited for the next run's search (Kuhn's
+        # algorithm: each search at most once over every worker until one succeeds).
+        seen: set[int] = set()
+        for start in range(len(runs)):
+            if chosen[start] is not None:
+                continue
+            # path: (run, worker it would take from the run next on the stack); stack: each run's
+            # candidates not tried yet (the workers keeping its session parked before those whose
+            # current session it is: a run on a parked session is moved first).
+            path: list[tuple[int, int]] = []
+            stack: list[tuple[int, Iterator[int] | None]] = [(start, None)]
+            end: tuple[int, int] | None = None
+            while stack:
+                r, candidates = stack[-1]
+                if candidates is None:
+                    holders = holding.get(runs[r], [])
+                    idle = next((w for w in holders if w not in taken), None)
+                    if idle is not None:
+                        end = (r, idle)
+                        break
+                    candidates = iter(reversed(holders))
+                    stack[-1] = (r, candidates)
+                nxt = next((w for w in candidates if w not in seen), None)
+                if nxt is None:
+                    stack.pop()
+                    if path:
+                        path.pop()
+                    continue
+                seen.add(nxt)
+                path.append((r, nxt))
+                stack.append((taken[nxt], None))
+            if end is None:
+                continue
+            for r, i in (end, *reversed(path)):
+                chosen[r], taken[i] = i, r
+            seen.clear()
     rest = [i for i in range(len(workers)) if i not in taken]
     return [c if c is not None else rest.pop(0) for c in chosen]
 
@@ -166,7 +181,9 @@ class Dispatch(LoopState):
 
     def _match_owners(self, claimed: list[Claimed]) -> None:
         """Give each run a worker already connected as its owner where one was claimed for, else
-        one that keeps an idle session of its owner (pgsched.worker.Session).
+        one that keeps an idle session of its owner (pgsched.worker.Session), as many as can be
+        (pair_by_session: a run may move off its owner's current session to a worker keeping it
+        parked, so that another run keeps its own).
 
         The claim pairs runs and workers blindly; re-pairing them among the same workers
         saves a new session for every run whose owner already has one. The pids the

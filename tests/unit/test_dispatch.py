@@ -51,8 +51,28 @@ def test_runs_are_paired_to_keep_as_many_sessions_as_can_be() -> None:
     # a's run leaves worker 0's current session for worker 1, which keeps a parked, so that b's
     # run finds its parked session on worker 0.
     assert pair_by_session([a, b], [(a, frozenset({b})), (c, frozenset({a}))]) == [1, 0]
-    # No needless move: a free worker holding the session is taken before any run is moved.
-    assert pair_by_session([a, b], [(a, frozenset()), (c, frozenset({a})), (c, frozenset({b}))]) == [0, 2]
+    # No needless move: b's run could take worker 0 by moving a's to worker 1, but worker 2, free,
+    # keeps b parked too.
+    assert pair_by_session([a, b], [(a, frozenset({b})), (c, frozenset({a})), (c, frozenset({b}))]) == [0, 2]
+    # More workers than runs: the ones left over are simply not used.
+    assert pair_by_session([b], [(a, frozenset()), (c, frozenset({b})), (b, frozenset())]) == [2]
+
+
+def test_pairing_many_workers_does_not_recurse() -> None:
+    """--max-workers takes up to 1,000: the search for a worker is iterative, however deep."""
+    a: SessionKey = ("alice", None)
+    b: SessionKey = ("bob", None)
+    c: SessionKey = ("carol", None)
+    # A chain as deep as the workers: b's run could only take a worker in a's session by moving its
+    # run to another, all taken.
+    n = 1000
+    pairs = pair_by_session([a] * (n - 1) + [b], [(a, frozenset({b}))] * (n - 1) + [(c, frozenset())])
+    assert pairs == list(range(n))
+    # Half of the runs cannot keep their session (a failed search is not repeated for the next
+    # run: repeated, these searches took 3.7 s).
+    workers = [(a, frozenset({b}))] * (n // 2) + [(c, frozenset())] * (n // 2)
+    pairs = pair_by_session([a] * (n // 2) + [b] * (n // 2), workers)
+    assert sorted(pairs) == list(range(n)) and pairs[: n // 2] == list(range(n // 2))
 
 
 _KEYS = [("r0", None), ("r1", None), ("r2", "db"), ("r3", None)]
