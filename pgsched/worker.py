@@ -520,22 +520,34 @@ def _idle_session_alive(conn: psycopg.Connection[Any]) -> bool:
 
 
 def _still_connected(conn: psycopg.Connection[Any]) -> bool:
-    """Read what the server sent an idle session; False if it closed the connection."""
+    """Read what the server sent an idle session; False if it is ending it or closed it."""
     if conn.closed:
         return False
+    # A terminated backend sends its last message (FATAL) and exits; the end of the stream follows
+    # a moment later. libpq hands a FATAL that arrives while no query runs to the notice handlers,
+    # and the connection's status stays OK until the end is read: the FATAL itself says the
+    # session is over (a loop that polled for the end took a session terminated a moment before
+    # for alive 196 times in 200).
+    ending: list[str] = []
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.severity_nonlocalized in ("FATAL", "PANIC"):
+            ending.append(diag.message_primary or "")
+
+    conn.add_notice_handler(on_notice)
     try:
-        # A terminated backend's last message (FATAL) and the end of the stream arrive apart: libpq
-        # takes the message as a notice and reports the end only at the next read, so read on while
-        # the socket has more (an idle live session has nothing more to say).
         for _ in range(4):
             conn.pgconn.consume_input()
-            if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+            conn.pgconn.is_busy()  # parses what was read: the notice handlers see it now
+            if ending or conn.pgconn.status != psycopg.pq.ConnStatus.OK:
                 raise psycopg.OperationalError("the connection is lost")
             if not select.select([conn.pgconn.socket], [], [], 0)[0]:
                 break
     except (psycopg.OperationalError, OSError):
         conn.close()
         return False
+    finally:
+        conn.remove_notice_handler(on_notice)
     return True
 
 

@@ -5,6 +5,9 @@ run reaches the next one on a session that was parked in between."""
 from __future__ import annotations
 
 import contextlib
+import select
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -163,6 +166,63 @@ def test_a_parked_session_the_server_closed_is_replaced_and_the_run_does_not_cra
         assert done.ok and not done.lost, done
         assert back.backend_pid != to_a.backend_pid and back.role == a
         assert w.proc.poll() is None
+
+
+def _proxy_holding_the_end(db: str) -> str:
+    """A DSN through a proxy that passes a session on both ways but, when the server closes it, keeps
+    the client's side open: the server's last message arrives, the end of the stream never does."""
+    params = psycopg.conninfo.conninfo_to_dict(db)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        client, _ = listener.accept()
+        held.append(client)  # never closed while the test runs
+        server = socket.socket(socket.AF_UNIX)
+        server.connect(f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}")
+
+        def up() -> None:
+            with contextlib.suppress(OSError):
+                while data := client.recv(65536):
+                    server.sendall(data)
+
+        threading.Thread(target=up, daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                client.sendall(data)
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return psycopg.conninfo.make_conninfo(db, host="127.0.0.1", port=str(listener.getsockname()[1]),
+                                          sslmode="disable")
+
+
+def test_an_idle_session_whose_server_said_fatal_is_dead_before_its_end_arrives(db: str, conn: Conn) -> None:
+    """A terminated backend's FATAL comes before the end of its stream (here, the end never comes): the
+    session is over at the FATAL. Polling for the end took such a session for alive, and a worker
+    took it back for a run."""
+    idle = psycopg.connect(_proxy_holding_the_end(db), autocommit=True)
+    try:
+        pid = idle.info.backend_pid
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert select.select([idle.fileno()], [], [], 5)[0], "the FATAL did not arrive"
+        deadline = time.monotonic() + 5
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != (0,):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not worker._idle_session_alive(idle)
+        assert idle.closed
+    finally:
+        idle.close()
+    # A live idle session through the same kind of proxy stays alive, and usable.
+    live = psycopg.connect(_proxy_holding_the_end(db), autocommit=True)
+    try:
+        assert worker._idle_session_alive(live) and worker._idle_session_alive(live)
+        assert live.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        live.close()
 
 
 def test_a_parked_session_found_dead_when_taken_back_is_replaced(db: str, conn: Conn, owners: list[str]) -> None:
