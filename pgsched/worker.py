@@ -528,11 +528,11 @@ def _still_connected(conn: psycopg.Connection[Any]) -> bool:
     # and the connection's status stays OK until the end is read: the FATAL itself says the
     # session is over (a loop that polled for the end took a session terminated a moment before
     # for alive 196 times in 200).
-    ending: list[str] = []
+    ending: list[bool] = []
 
     def on_notice(diag: psycopg.errors.Diagnostic) -> None:
         if diag.severity_nonlocalized in ("FATAL", "PANIC"):
-            ending.append(diag.message_primary or "")
+            ending.append(True)
 
     conn.add_notice_handler(on_notice)
     try:

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -363,19 +364,29 @@ def test_one_statement_commands_run_as_alone_and_a_transaction_left_open_is_roll
         launcher.reap(w, timeout=5)
 
 
-def _proxy_cutting_before_the_reset(db: str) -> str:
-    """A DSN through a proxy that forwards a session both ways, except that it closes it right
-    after passing on a pipelined run's statement and Sync, before its DISCARD ALL reaches the server."""
+def proxy(db: str, relay: Callable[[socket.socket, socket.socket], None]) -> str:
+    """A DSN through a local TCP proxy for one session: `relay(client, server)` runs in a thread of
+    its own once the client connected and the proxy reached the server's socket."""
     params = psycopg.conninfo.conninfo_to_dict(db)
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
 
-    def serve() -> None:
+    def accept() -> None:
         client, _ = listener.accept()
         server = socket.socket(socket.AF_UNIX)
         server.connect(f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}")
+        relay(client, server)
 
+    threading.Thread(target=accept, daemon=True).start()
+    return psycopg.conninfo.make_conninfo(db, host="127.0.0.1", port=str(listener.getsockname()[1]),
+                                          sslmode="disable")
+
+
+def _proxy_cutting_before_the_reset(db: str) -> str:
+    """A DSN through a proxy that forwards a session both ways, except that it closes it right
+    after passing on a pipelined run's statement and Sync, before its DISCARD ALL reaches the server."""
+    def relay(client: socket.socket, server: socket.socket) -> None:
         def down() -> None:
             with contextlib.suppress(OSError):
                 while data := server.recv(65536):
@@ -395,9 +406,7 @@ def _proxy_cutting_before_the_reset(db: str) -> str:
         client.close()
         server.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    return psycopg.conninfo.make_conninfo(db, host="127.0.0.1", port=str(listener.getsockname()[1]),
-                                          sslmode="disable")
+    return proxy(db, relay)
 
 
 @pytest.mark.parametrize("outcome", ["success", "failure"])

@@ -19,7 +19,7 @@ from psycopg import sql
 from pgsched import launcher, protocol, worker
 from pgsched.launcher import Worker
 from tests.integration.test_scheduler import one, serve
-from tests.integration.test_worker import PROBE, Conn, events, insert_run
+from tests.integration.test_worker import PROBE, Conn, events, insert_run, proxy
 
 # Each run: the pid of the backend that ran it and the role it ran as.
 RAN = "INSERT INTO ran VALUES (pg_backend_pid(), current_user)"
@@ -171,17 +171,10 @@ def test_a_parked_session_the_server_closed_is_replaced_and_the_run_does_not_cra
 def _proxy_holding_the_end(db: str) -> str:
     """A DSN through a proxy that passes a session on both ways but, when the server closes it, keeps
     the client's side open: the server's last message arrives, the end of the stream never does."""
-    params = psycopg.conninfo.conninfo_to_dict(db)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
     held: list[socket.socket] = []
 
-    def serve() -> None:
-        client, _ = listener.accept()
+    def relay(client: socket.socket, server: socket.socket) -> None:
         held.append(client)  # never closed while the test runs
-        server = socket.socket(socket.AF_UNIX)
-        server.connect(f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}")
 
         def up() -> None:
             with contextlib.suppress(OSError):
@@ -194,9 +187,7 @@ def _proxy_holding_the_end(db: str) -> str:
                 client.sendall(data)
         server.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    return psycopg.conninfo.make_conninfo(db, host="127.0.0.1", port=str(listener.getsockname()[1]),
-                                          sslmode="disable")
+    return proxy(db, relay)
 
 
 def test_an_idle_session_whose_server_said_fatal_is_dead_before_its_end_arrives(db: str, conn: Conn) -> None:
