@@ -1,5 +1,5 @@
-"""`python -m pgsched`: the same command line as `pgsched`."""
+"""`python -m pgsched`: the same program as `pgsched`."""
 
 from pgsched.cli import main
 
-main(prog_name="pgsched")
+main()

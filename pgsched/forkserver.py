@@ -59,8 +59,9 @@ def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
 class ForkServer:
     """The scheduler's side: start the server, ask it for workers, stop it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, environ: dict[str, str]) -> None:
         self.proc = proc
+        self.environ = environ  # the fork server's own, which each worker starts from
         self.sock = sock
         self.sock.settimeout(REPLY_TIMEOUT_S)
 
@@ -87,15 +88,20 @@ class ForkServer:
             return None
         finally:
             theirs.close()
-        return cls(proc, ours)
+        return cls(proc, ours, env)
 
-    def fork(self, env: dict[str, str]) -> tuple[int, int, int]:
-        """A new worker with these environment variables: its pid, and the write end of its stdin
-        and the read end of its stdout. OSError when the fork server cannot give one."""
+    def fork(self, env: Mapping[str, str]) -> tuple[int, int, int]:
+        """A new worker with this environment (as a worker process would be given): its pid, and
+        the write end of its stdin and the read end of its stdout. OSError when the fork server
+        cannot give one."""
+        # Only what differs from the fork server's own environment (None: removed). It started
+        # before `serve` read its options (pgsched/cli.py), which may change the environment since.
+        changes: dict[str, str | None] = {k: v for k, v in env.items() if self.environ.get(k) != v}
+        changes.update({k: None for k in self.environ if k not in env})
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         try:
-            socket.send_fds(self.sock, [json.dumps(env).encode() + b"\n"], [stdin_r, stdout_w])
+            socket.send_fds(self.sock, [json.dumps(changes).encode() + b"\n"], [stdin_r, stdout_w])
             reply = b""
             while not reply.endswith(b"\n"):
                 chunk = self.sock.recv(64)
@@ -126,6 +132,33 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+# One started by pgsched/cli.py before the command line was parsed, until `serve` takes or
+# discards it.
+_early: ForkServer | None = None
+
+
+def start_early() -> None:
+    """Start a fork server now, for `serve` to take (take_early) or discard (discard_early)."""
+    global _early
+    if _early is None:
+        _early = ForkServer.start()
+
+
+def take_early() -> ForkServer | None:
+    """The fork server started early, if any; from now on the caller's."""
+    global _early
+    server, _early = _early, None
+    return server
+
+
+def discard_early() -> None:
+    """Stop the fork server started early, if any, and no longer be a subreaper."""
+    server = take_early()
+    if server is not None:
+        server.stop()
+        prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
 def reap_strays(known: set[int]) -> int:
@@ -176,7 +209,7 @@ def _serve(sock: socket.socket, scheduler_pid: int) -> None:
             os.close(fd)
 
 
-def _become_worker(env: dict[str, str], fds: list[int], sock: socket.socket, scheduler_pid: int) -> NoReturn:
+def _become_worker(env: dict[str, str | None], fds: list[int], sock: socket.socket, scheduler_pid: int) -> NoReturn:
     """In the forked worker: what `python -m pgsched.worker` would have been given, then its main,
     and its exit as that process's (SystemExit, atexit, the interpreter's flushes)."""
     os.setsid()  # its own process group, which the scheduler kills on overrun
@@ -187,7 +220,16 @@ def _become_worker(env: dict[str, str], fds: list[int], sock: socket.socket, sch
     sock.detach()  # closed below with the rest, without the object closing a reused number later
     os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.environ.update(env)
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    # The fork server may have started before `serve` put the app modules' directory on
+    # PYTHONPATH (pgsched/commands.py), so its sys.path, which this process inherits, can lack it.
+    for path in reversed((env.get("PYTHONPATH") or "").split(os.pathsep)):
+        if path and path not in sys.path:
+            sys.path.insert(0, path)
     from pgsched import worker
 
     sys.argv = [worker.__file__]

@@ -75,7 +75,7 @@ def start_fork_server() -> None:
     """Fork new workers from now on (pgsched serve); stays as it was where that is unavailable."""
     global _fork_server, _strays_at
     if _fork_server is None:
-        _fork_server = ForkServer.start()
+        _fork_server = forkserver.take_early() or ForkServer.start()
         if _fork_server is not None and _strays_at is None:
             _strays_at = time.monotonic()
 
@@ -176,9 +176,10 @@ def launch(dsn: str, apps: tuple[str, ...] = (), sessions: int = 1) -> Worker:
     It keeps up to `sessions` sessions, one per owner and database (pgsched.worker.Session)."""
     given = {"PGSCHED_WORKER_DSN": dsn, "PGSCHED_PARENT_PID": str(os.getpid()),
              "PGSCHED_APP_MODULES": ",".join(apps), "PGSCHED_WORKER_SESSIONS": str(sessions)}
+    env = {**forkserver.worker_environ(os.environ), **given}
     if _fork_server is not None:
         try:
-            pid, stdin_fd, stdout_fd = _fork_server.fork(given)
+            pid, stdin_fd, stdout_fd = _fork_server.fork(env)
         except OSError as e:
             log.warning("%s: workers start as processes of their own from now on", e)
             stop_fork_server(kill=True)
@@ -186,7 +187,6 @@ def launch(dsn: str, apps: tuple[str, ...] = (), sessions: int = 1) -> Worker:
             forked = Forked(pid, stdin_fd, stdout_fd)
             os.set_blocking(stdout_fd, False)
             return Worker(proc=forked, pid=pid)
-    env = {**forkserver.worker_environ(os.environ), **given}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgsched.worker"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True, close_fds=True,

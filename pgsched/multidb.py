@@ -161,7 +161,7 @@ class Launcher:
                         "in %.0fs", name, code, ran, delay)
 
     def _spawn(self, name: str, workers: int) -> Child:
-        argv = [sys.executable, "-m", "pgsched.cli", "serve", "--dsn", database_dsn(self.dsn, name),
+        argv = [sys.executable, "-m", "pgsched", "serve", "--dsn", database_dsn(self.dsn, name),
                 "--max-workers", str(workers), "--log-format", self.log_format, *self.serve_args]
         # Its own session: a signal to the launcher's terminal does not reach the children twice.
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -128,9 +128,10 @@ def serve(tmp_path: Path) -> Iterator[ServeFactory]:
     started: list[Serve] = []
 
     def start(dsn: str, *args: str, wait_instance: bool = True, env: Mapping[str, str | None] | None = None,
-              executable: Path = PGSCHED) -> Serve:
+              executable: Path = PGSCHED, cwd: Path | None = None) -> Serve:
         """`env` is added to this process's environment (None removes a variable); `executable` is
-        another installation's console script (an older release's, for the upgrade tests)."""
+        another installation's console script (an older release's, for the upgrade tests); `cwd`
+        its working directory (this process's by default)."""
         log_path = tmp_path / f"serve-{len(started)}.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 -- closed at teardown
         merged = {**os.environ, **(env or {}), MARKER_VAR: tag}
@@ -138,6 +139,7 @@ def serve(tmp_path: Path) -> Iterator[ServeFactory]:
         proc = subprocess.Popen(
             [str(executable), "serve", "--dsn", dsn, *args],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=full_env, start_new_session=True,
+            cwd=cwd,
         )
         s = Serve(proc=proc, log_path=log_path, dsn=dsn, tag=tag, _log_file=log_file)
         started.append(s)

@@ -71,7 +71,7 @@ def test_one_launcher_runs_every_database_fairly_and_follows_the_cluster(cluster
     log = tmp_path / "launcher.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pgsched.cli", "serve", "--all-databases", "--dsn", cluster.dsn("postgres"),
+            [sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn", cluster.dsn("postgres"),
              "--max-workers", "4"], stdout=out, stderr=out, start_new_session=True)
     try:
         wait_for(lambda: count(cluster, "busy") >= 2 and count(cluster, "quiet") >= 2, 30,
@@ -124,7 +124,7 @@ def test_two_launchers_on_one_cluster_run_each_plan_once(cluster: Cluster, tmp_p
         for i in range(2):
             with open(tmp_path / f"launcher-{i}.log", "wb") as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "pgsched.cli", "serve", "--all-databases", "--dsn",
+                    [sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn",
                      cluster.dsn("postgres"), "--max-workers", "2"], stdout=out, stderr=out, start_new_session=True))
         wait_for(lambda: len(instances(cluster, "shared")) == 2, 30, "a scheduler of each launcher")
         wait_for(lambda: count(cluster, "shared") >= 18, 60, "six seconds of runs")

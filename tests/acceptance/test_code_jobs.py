@@ -51,6 +51,30 @@ def test_only_the_instance_with_the_module_runs_its_jobs(py_db: str, serve: Serv
     assert "demo" not in without.log()
 
 
+def test_an_app_module_of_the_working_directory_runs_in_forked_workers(
+        py_db: str, serve: ServeFactory, tmp_path: Path) -> None:
+    """The fork server starts before `serve` reads --app (pgsched/cli.py), so the working directory
+    reaches the workers it forks through PYTHONPATH. PYTHONSAFEPATH keeps the working directory off
+    every interpreter's own path, so nothing else puts it there."""
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "here_jobs.py").write_text(
+        "from datetime import UTC, datetime\n\nimport pgsched\n\n\n"
+        "@pgsched.job(every='1 hour', initial_start=datetime(2100, 1, 1, tzinfo=UTC), name='here.ok')\n"
+        "def ok(run: pgsched.Run) -> None:\n"
+        "    run.connection.execute(\"INSERT INTO py_hits VALUES ('here.ok', now(), 1, NULL)\")\n")
+    s = serve(py_db, "--app", "here_jobs", cwd=app_dir, env={"PYTHONSAFEPATH": "1", "PYTHONPATH": None})
+    here = wait_for(lambda: query(py_db, "SELECT job_id FROM pgsched.jobs WHERE job_name = 'here.ok'") or None,
+                    10, "the deploy")[0]["job_id"]
+    query(py_db, "SELECT alter_job(%s, next_start => now())", (here,))
+    wait_for(lambda: query(py_db, "SELECT 1 FROM pgsched.job_run WHERE job_id = %s AND outcome <> 'running'",
+                           (here,)) or None, 10, "the run of here.ok")
+    runs = query(py_db, "SELECT outcome FROM pgsched.job_run WHERE job_id = %s", (here,))
+    assert [r["outcome"] for r in runs] == ["success"]
+    assert query(py_db, "SELECT count(*) AS n FROM py_hits WHERE job = 'here.ok'") == [{"n": 1}]
+    assert "cannot import" not in s.log()
+
+
 def test_a_bad_declaration_stops_serve_before_anything_is_written(db: str, tmp_path: Path) -> None:
     (tmp_path / "broken_app.py").write_text(
         "import pgsched\n\n@pgsched.job(cron='0 0 31 2 *')\ndef never(run): pass\n")

@@ -4,6 +4,7 @@ it saw as one JSON object."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -43,10 +44,30 @@ def run_message(role: str, run_id: int) -> dict[str, Any]:
             "plan_time": "2026-01-01T00:00Z", "lease_token": 1, "scope": "", "scope_query": None, "start_at": 0}
 
 
+def subreaper() -> int:
+    """PR_GET_CHILD_SUBREAPER: whether this process is a child subreaper."""
+    flag = ctypes.c_int(-1)
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(37, ctypes.byref(flag), 0, 0, 0)
+    return flag.value
+
+
 def main(dsn: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    # One started early (pgsched/cli.py, before `serve` parsed its options) and discarded (the
+    # command turned out not to want it) exits, and this process is no longer a subreaper.
+    forkserver.start_early()
+    early = forkserver._early
+    assert early is not None, "no fork server on this machine"
+    out["early_subreaper"] = subreaper()
+    forkserver.discard_early()
+    out["discarded_exit"] = early.proc.poll()
+    out["discarded_subreaper"] = subreaper()
+    # One started early is the one `serve` takes.
+    forkserver.start_early()
+    early = forkserver._early
     launcher.start_fork_server()
-    assert launcher._fork_server is not None, "no fork server on this machine"
+    out["took_early"] = launcher._fork_server is early and forkserver._early is None
+    assert launcher._fork_server is not None
     # Two workers, forked: each is this process's child, in a session of its own, and runs a job.
     workers = [launcher.launch(dsn) for _ in range(2)]
     out["forked"] = [isinstance(w.proc, launcher.Forked) for w in workers]

@@ -36,7 +36,7 @@ def test_worker_sessions_is_a_whole_number_from_one_to_sixty_four(sessions: int)
 def test_serve_refuses_worker_sessions_out_of_range_before_connecting() -> None:
     from click.testing import CliRunner
 
-    from pgsched.cli import main
+    from pgsched.commands import main
 
     result = CliRunner().invoke(main, ["serve", "--worker-sessions", "0", "--dsn", "host=/nonexistent"])
     assert result.exit_code == 2

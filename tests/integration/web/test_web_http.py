@@ -22,7 +22,7 @@ pytest.importorskip("starlette", reason="the web extra (pip install 'pgsched[web
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from pgsched import cli
+from pgsched import commands
 from pgsched.embedded import free_port
 from pgsched.errors import ConfigError
 from pgsched.web import app as web_app
@@ -317,7 +317,7 @@ def test_single_user_uses_the_dsns_role_and_only_on_loopback(webdb: WebDb) -> No
         server.serve(webdb.dsn, "0.0.0.0:8080", single_user=True, idle=60, lifetime=600)
     with pytest.raises(ConfigError, match=r"--listen: 'nowhere' is not HOST:PORT"):
         server.parse_listen("nowhere")
-    r = CliRunner().invoke(cli.main, ["web", "--dsn", webdb.dsn, "--single-user", "--listen", "[::]:8080"])
+    r = CliRunner().invoke(commands.main, ["web", "--dsn", webdb.dsn, "--single-user", "--listen", "[::]:8080"])
     assert r.exit_code == 1 and "refusing to listen on ::" in r.output
 
 
