@@ -274,6 +274,9 @@ class Scheduler(Requests):
     def _become_active(self, *, first: bool) -> None:
         assert self.store is not None
         self.standby = False
+        # Now, not at the end of the round: the first workers then fork and connect while this
+        # process registers, beats and plans, instead of after it.
+        self._ensure_workers()
         if not self.store.listening:  # connected while the server was a standby
             self.store.listen()
         if first and self.settings.apps:
