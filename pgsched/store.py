@@ -531,13 +531,18 @@ _built: dict[int, tuple[tuple[Any, ...], Job]] = {}
 @lru_cache(maxsize=8)
 def _job_columns(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
     """The values that make a launch row's job: every column not the run's. A column added to the
-    row counts as the job's unless listed in _RUN_COLUMNS, so a kept job never outlives a change."""
-    return operator.itemgetter(*(c for c in columns if c not in _RUN_COLUMNS))
+    row counts as the job's unless listed in _RUN_COLUMNS, so a kept job never outlives a change.
+    The config is compared by its repr: as Python values jsonb's true, 1 and 1.0 are equal."""
+    return operator.itemgetter(*(c for c in columns if c not in _RUN_COLUMNS and c != "config"))
+
+
+def _job_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (_job_columns(tuple(row))(row), repr(row["config"]))
 
 
 def _job_from_row(row: dict[str, Any]) -> Job:
     """A launch row's job: the one built from the same job columns before, else a new one."""
-    key = _job_columns(tuple(row))(row)
+    key = _job_key(row)
     job_id = row["job_id"]
     seen = _built.get(job_id)
     if seen is not None and seen[0] == key:
@@ -546,7 +551,7 @@ def _job_from_row(row: dict[str, Any]) -> Job:
     _built.pop(job_id, None)
     _built[job_id] = (key, job)
     if len(_built) > JOBS_KEPT:
-        del _built[next(iter(_built))]
+        _built.pop(next(iter(_built)), None)
     return job
 
 

@@ -89,6 +89,10 @@ def test_the_columns_left_out_of_a_jobs_identity_are_the_runs(store: Store, api:
         changed = {**row, column: object()}  # whatever read it would fail or differ
         assert store_module._build_job(changed) == kept, column
         assert store_module._job_from_row(changed) is kept, column
+    # jsonb true, 1 and 1.0 are equal as Python values, not as a job's config.
+    flags = [store_module._job_from_row({**row, "config": {"flag": v}}) for v in (True, 1, 1.0, True)]
+    assert [f.config["flag"] for f in flags] == [True, 1, 1.0, True]
+    assert [type(f.config["flag"]) for f in flags] == [bool, int, float, bool]
     renamed = {**row, "job_name": "another name"}
     assert store_module._job_from_row(renamed) is not kept
     assert store_module._job_from_row(renamed).job_name == "another name"
