@@ -5,8 +5,8 @@
 fork server is therefore started here, before those imports, so that the two overlap on two
 cores; from the serve command it would start only after them. Whether the command is `serve` is
 read from the arguments before click parses them, so it is a guess: the command keeps the fork
-server (launcher.start_fork_server) or stops it (`--all-databases` from a config file, say). The
-commands themselves are in pgsched/commands.py.
+server (launcher.start_fork_server), or stops it should the guess be wrong (forkserver.discard_early,
+for `--all-databases`). The commands themselves are in pgsched/commands.py.
 """
 
 from __future__ import annotations

@@ -50,6 +50,15 @@ def prctl(option: int, value: int) -> bool:
         return False
 
 
+def environ_changes(base: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+    """What turns environment `base` into `wanted`: the variables to set, and None for those to
+    remove. A fork is sent only this: the fork server may have started before `serve` read its
+    options (pgsched/cli.py starts it first), and the environment may have changed since."""
+    changes: dict[str, str | None] = {k: v for k, v in wanted.items() if base.get(k) != v}
+    changes.update({k: None for k in base if k not in wanted})
+    return changes
+
+
 def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a worker starts with: the scheduler's, less its crash point (a test's
     PGSCHED_CRASHPOINT is the scheduler's to hit, never a worker's)."""
@@ -94,10 +103,7 @@ class ForkServer:
         """A new worker with this environment (as a worker process would be given): its pid, and
         the write end of its stdin and the read end of its stdout. OSError when the fork server
         cannot give one."""
-        # Only what differs from the fork server's own environment (None: removed). It started
-        # before `serve` read its options (pgsched/cli.py), which may change the environment since.
-        changes: dict[str, str | None] = {k: v for k, v in env.items() if self.environ.get(k) != v}
-        changes.update({k: None for k in self.environ if k not in env})
+        changes = environ_changes(self.environ, env)
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         try:
@@ -135,29 +141,34 @@ class ForkServer:
 
 
 # One started by pgsched/cli.py before the command line was parsed, until `serve` takes or
-# discards it.
+# discards it; tried: whether that start was tried (where it failed, `serve` does not try again).
 _early: ForkServer | None = None
+_early_tried = False
 
 
 def start_early() -> None:
     """Start a fork server now, for `serve` to take (take_early) or discard (discard_early)."""
-    global _early
-    if _early is None:
+    global _early, _early_tried
+    if not _early_tried:
+        _early_tried = True
         _early = ForkServer.start()
 
 
-def take_early() -> ForkServer | None:
-    """The fork server started early, if any; from now on the caller's."""
-    global _early
-    server, _early = _early, None
-    return server
+def take_early() -> tuple[bool, ForkServer | None]:
+    """Whether a start was tried early, and the fork server it gave (None: none could start);
+    from now on the caller's."""
+    global _early, _early_tried
+    tried, server = _early_tried, _early
+    _early, _early_tried = None, False
+    return tried, server
 
 
 def discard_early() -> None:
-    """Stop the fork server started early, if any, and no longer be a subreaper."""
-    server = take_early()
+    """Kill the fork server started early, if any (it has forked nothing yet), and no longer be a
+    subreaper."""
+    _, server = take_early()
     if server is not None:
-        server.stop()
+        server.stop(kill=True)
         prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 

@@ -75,7 +75,8 @@ def start_fork_server() -> None:
     """Fork new workers from now on (pgsched serve); stays as it was where that is unavailable."""
     global _fork_server, _strays_at
     if _fork_server is None:
-        _fork_server = forkserver.take_early() or ForkServer.start()
+        tried, early = forkserver.take_early()
+        _fork_server = early if tried else ForkServer.start()
         if _fork_server is not None and _strays_at is None:
             _strays_at = time.monotonic()
 

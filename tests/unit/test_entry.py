@@ -1,10 +1,12 @@
-"""The program's entry (pgsched/cli.py): which command lines start `serve`'s fork server early."""
+"""The program's entry (pgsched/cli.py): which command lines start `serve`'s fork server early, and
+what a fork from a fork server started that early is sent of the environment."""
 
 from __future__ import annotations
 
 import pytest
 
 from pgsched.cli import serves_one_database
+from pgsched.forkserver import environ_changes
 
 
 @pytest.mark.parametrize(("args", "environ", "early"), [
@@ -22,3 +24,13 @@ from pgsched.cli import serves_one_database
 def test_only_serve_for_one_database_starts_the_fork_server_early(
         args: list[str], environ: dict[str, str], early: bool) -> None:
     assert serves_one_database(args, environ) is early
+
+
+def test_a_fork_is_sent_what_changed_since_the_fork_server_started() -> None:
+    base = {"PATH": "/bin", "PYTHONPATH": "/a", "GONE": "x", "SAME": "1"}
+    wanted = {"PATH": "/bin", "PYTHONPATH": "/cwd:/a", "SAME": "1", "PGSCHED_WORKER_DSN": "dbname=x"}
+    assert environ_changes(base, wanted) == {"PYTHONPATH": "/cwd:/a", "PGSCHED_WORKER_DSN": "dbname=x", "GONE": None}
+    changes = environ_changes(base, wanted)
+    applied = {**base, **{k: v for k, v in changes.items() if v is not None}}
+    assert {k: v for k, v in applied.items() if changes.get(k, "") is not None} == wanted
+    assert environ_changes(wanted, wanted) == {}
