@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -164,8 +165,10 @@ class Launcher:
         argv = [sys.executable, "-m", "pgsched", "serve", "--dsn", database_dsn(self.dsn, name),
                 "--max-workers", str(workers), "--log-format", self.log_format, *self.serve_args]
         # Its own session: a signal to the launcher's terminal does not reach the children twice.
+        # Without PGSCHED_ALL_DATABASES, which made this process a launcher and would make each child one.
+        env = {k: v for k, v in os.environ.items() if k != "PGSCHED_ALL_DATABASES"}
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         assert proc.stderr is not None
         threading.Thread(target=self._relay, args=(name, proc.stderr), daemon=True).start()
         log.info("launcher: started the scheduler of database %s (pid %d, %d workers)", name, proc.pid, workers)

@@ -138,3 +138,24 @@ def test_two_launchers_on_one_cluster_run_each_plan_once(cluster: Cluster, tmp_p
     assert query(cluster.dsn("shared"), "SELECT count(*) AS n FROM pgsched.job_run r WHERE r.outcome = 'success' "
                                         "AND NOT EXISTS (SELECT 1 FROM effect e WHERE e.job_id = r.job_id "
                                         "AND e.at = r.plan_time)")[0]["n"] == 0
+
+
+def test_all_databases_asked_through_the_environment_starts_schedulers_not_launchers(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """PGSCHED_ALL_DATABASES (every serve option may come from PGSCHED_<OPTION>) is the launcher's:
+    the schedulers it starts do not inherit it, or each would be a launcher in turn."""
+    install(cluster, "only", "INSERT INTO effect (job_id) VALUES (1)", jobs=1)
+    log = tmp_path / "launcher.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pgsched", "serve", "--dsn", cluster.dsn("postgres"), "--max-workers", "2"],
+            stdout=out, stderr=out, start_new_session=True, env={**os.environ, "PGSCHED_ALL_DATABASES": "1"})
+    try:
+        wait_for(lambda: count(cluster, "only") >= 2, 30, "the database's job to run")
+        assert [i["max_workers"] for i in instances(cluster, "only")] == [2]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert text.count("launcher: started the scheduler of database") == 1, text[-3000:]
