@@ -63,6 +63,7 @@ FORCED_PIPELINE = "WARNING psycopg: error ignored terminating <psycopg.Pipeline 
 # parent has no job_run_plan_key (migration 0015; the key is job_run_live's).
 RACED_INIT = re.compile(r"database error in the scheduler loop \(continuing\): (cache lookup failed for function"
                         r"|constraint \"job_run_plan_key\" for table \"job_run\" does not exist)")
+BEHIND = re.compile(r" WARNING pgsched\.scheduler: job \d+ is behind \(catch_up = latest\): \d+ plan\(s\) ")
 HELD_RUN = re.compile(r"skipped: run (\d+) was still in progress")
 NOT_QUIET = re.compile(r" (WARNING|ERROR|CRITICAL) |database error|Traceback|psycopg\.errors", re.IGNORECASE)
 
@@ -303,7 +304,10 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
 def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: ServeFactory) -> None:
     """The rolling upgrade's init, repeated under load: one init meets the instances' statements
     only now and then, thirty of them nearly always do (before init replaced functions in place
-    and gave way to running statements, this logged about one SQL error per three inits)."""
+    and gave way to running statements, this logged about one SQL error per three inits). On a
+    slow machine an init can hold a round up past a plan of these 1-second jobs: that plan is
+    missed as the catch-up policy says, with its warning, which is the scheduler's report of a
+    delay, not an error (seen once on the machine of 2026-11-27 evening)."""
     execute(db, SETUP_SQL)
     jobs = [add_job(db, "'tick', '1 second', initial_start => now() + interval '3 s'") for _ in range(20)]
     old = previous_release.venv() / "bin" / "pgsched"
@@ -315,14 +319,15 @@ def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: S
         assert "schema version" in pgsched_init(PGSCHED, db)
         time.sleep(0.3)
     time.sleep(1.5)
-    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)] for s in instances}
+    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line) and not BEHIND.search(line)]
+              for s in instances}
     assert not any(errors.values()), errors
     assert all(s.proc.poll() is None for s in instances)
     # (A run in progress counts as a crash until it ends: read the closed runs' outcomes.)
     # A round held up by an init may start a run late enough that the slot after it is skipped
     # (recorded as such); nothing may fail or crash.
     outcomes = query(db, "SELECT outcome, count(*) AS n FROM pgsched.job_run WHERE outcome <> 'running' GROUP BY 1")
-    assert {r["outcome"] for r in outcomes} <= {"success", "skipped"}, outcomes
+    assert {r["outcome"] for r in outcomes} <= {"success", "skipped", "missed"}, outcomes
     assert all("was still in progress" in r["message"] for r in query(
         db, "SELECT message FROM pgsched.job_run WHERE outcome = 'skipped'")), outcomes
     assert sum(stats(db, j)["total_successes"] for j in jobs) > 100
