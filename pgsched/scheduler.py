@@ -396,16 +396,19 @@ class Scheduler(Requests):
 
     def _shutdown(self) -> None:
         self._purger.stop()
+        if not self.runs:
+            # Nothing in flight: the peers are told now and take over the next plans, instead of
+            # after the idle workers are reaped (a second on a slow host). With runs in flight the
+            # instance stays alive until they are gone, so no peer closes them as abandoned.
+            self._mark_stopped()
         for worker in list(self.workers.values()):
             worker.close_stdin()
         for worker in list(self.workers.values()):
             launcher.reap(worker, timeout=2.0)
         self.workers.clear()
         launcher.stop_fork_server()
+        self._mark_stopped()
         if self.store is not None:
-            with contextlib.suppress(psycopg.Error):
-                if self.instance_id is not None:
-                    self.store.stop_instance(self.instance_id)
             self._statements_done += self.store.statements
             self.store.close()
             self.store = None
@@ -413,6 +416,15 @@ class Scheduler(Requests):
         self._wake_r.close()
         self._wake_w.close()
         self.log_stats("scheduler stopped")
+
+    def _mark_stopped(self) -> None:
+        """The instance's row says it stopped, which wakes the peers (once; errors ignored: a peer
+        finds a dead instance by its heartbeat)."""
+        if self.store is None or self.instance_id is None or self._marked_stopped:
+            return
+        self._marked_stopped = True
+        with contextlib.suppress(psycopg.Error):
+            self.store.stop_instance(self.instance_id)
 
     def log_stats(self, what: str) -> None:
         """One line of counters (also on SIGUSR1). Each scheduler statement is one transaction."""

@@ -133,14 +133,17 @@ def test_killed_during_a_run_the_survivor_runs_its_job_within_5s(jobs_db: str, s
 
 def test_a_gracefully_stopped_instance_hands_over_at_once(jobs_db: str, serve: ServeFactory) -> None:
     dsn = jobs_db
-    instances = [serve(dsn, "--max-workers", "2"), serve(dsn, "--max-workers", "2")]
+    # Workers slow to exit (1.5 s each): the stopping instance tells its peers before it reaps
+    # them, not after (a 0.1.0 defect that a slow host showed as a first tick 0.6 s late).
+    slow = ("--app", "tests.apps.slow_exit")
+    instances = [serve(dsn, "--max-workers", "2", *slow), serve(dsn, "--max-workers", "2", *slow)]
     tick = add_job(dsn, TICK)
     last = ticking(dsn, tick)
     victim = by_instance(instances, last["instance_id"])
     (survivor,) = [s for s in instances if s is not victim]
     stopped_at = db_now(dsn)
     victim.signal(signal.SIGTERM)
-    assert victim.wait_exit(5) == 0
+    assert victim.wait_exit(10) == 0
     nxt = first_success_after(dsn, tick, stopped_at, 10)
     assert nxt["instance_id"] == survivor.instance_id
     # No plan is late or lost in the hand-over: the survivor's first tick is the plan after the
