@@ -6,7 +6,8 @@ every instance), and if so takes the steps that keep job_run's time partitions i
 policy (pgsched._history_steps: drop the ones past, make the ones ahead; a transaction each, none
 waiting long for its lock), then deletes the rows left in job_run_live that are past their
 retention with pgsched.purge_history in batches of `BATCH` runs, one transaction each, until a
-batch comes back short. It does so on a thread and a
+batch comes back short. Steps left because a lock was busy are tried again after `BUSY_RETRY`
+seconds, doubled each time, up to the interval. It does so on a thread and a
 connection of its own: the scheduler's loop, its claims and its closes never wait for a purge.
 The database's clock judges the rows' age (purge_history's default `now`).
 """
@@ -29,15 +30,22 @@ log = logging.getLogger("pgsched.retention")
 # took 87 ms, bench/upgrade_lock.py), large enough that a day's history at full speed goes in minutes.
 BATCH = 2000
 IDLE_LOOK = 5.0
+# A partition step whose lock was busy is tried again this long after (doubled each time, up to the
+# purge interval), not only at the next turn: until the partitions ahead are made, closed runs stay
+# in job_run_live for the batches. A scheduler's start, its first claims and closes all at once,
+# kept the lock busy on a slow host.
+BUSY_RETRY = 1.0
 
 
 class Purger:
     """One instance's share of the purge: start() after the instance registered, stop() at exit."""
 
-    def __init__(self, dsn: str, every: float, *, batch: int = BATCH) -> None:
+    def __init__(self, dsn: str, every: float, *, batch: int = BATCH, busy_retry: float = BUSY_RETRY) -> None:
         self.dsn = dsn
         self.every = every
         self.batch = batch
+        self.busy_retry = busy_retry
+        self.deferred = False  # partition steps were left because a lock was busy (tried again soon)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
@@ -67,16 +75,26 @@ class Purger:
         # started 8 % later in one sitting, level again without the delay in the next.)
         # purge_interval 0 (the retention applied by hand, pgsched.purge_history): the thread only
         # looks every IDLE_LOOK seconds whether a reload (SIGHUP) turned it on.
+        retry = self.busy_retry
         try:
             while not self._stop.is_set():
                 every = self.every
                 if every > 0:
                     try:
-                        self.purge_if_turn()
+                        if self.deferred:
+                            self.retry_partition_steps()
+                        else:
+                            self.purge_if_turn()
                     except Exception as e:  # whatever it was, the purge must not end the thread
                         log.warning("history purge failed (retried in %ss): %s", every, first_line(e))
+                        self.deferred = False
                         self._close()
-                self._stop.wait(every if every > 0 else IDLE_LOOK)
+                if self.deferred and every > 0:
+                    self._stop.wait(min(retry, every))
+                    retry *= 2
+                else:
+                    retry = self.busy_retry
+                    self._stop.wait(every if every > 0 else IDLE_LOOK)
         finally:
             self._close()
 
@@ -103,6 +121,7 @@ class Purger:
         if not (row and row[0]):
             return False
         made, dropped, deferred, longest_step = self.take_partition_steps(conn)
+        self.deferred = deferred
         runs = instances = batches = 0
         longest = 0.0  # a batch's row locks are held until its commit: the longest is what it held them
         while not self._stop.is_set():
@@ -120,12 +139,22 @@ class Purger:
         self.runs_purged += runs
         log.info("history purged: %d partition(s) dropped and %d made%s, %d run(s) and %d stopped instance(s) "
                  "past their retention deleted in %d batch(es), the longest %.1f ms", dropped, made,
-                 " (the rest left to the next turn: a lock was busy)" if deferred else "", runs, instances,
+                 " (the rest left to a retry: a lock was busy)" if deferred else "", runs, instances,
                  batches, 1000 * longest,
                  extra={"partitions_dropped": dropped, "partitions_made": made,
                         "longest_step_ms": round(1000 * longest_step, 1), "runs": runs,
                         "instances": instances, "batches": batches, "longest_batch_ms": round(1000 * longest, 1)})
         return True
+
+    def retry_partition_steps(self) -> None:
+        """Take the partition steps a busy lock left, outside the turn (two sessions taking the same
+        step at once is safe: pgsched._history_step)."""
+        made, dropped, self.deferred, longest = self.take_partition_steps(self._connection())
+        if made or dropped or not self.deferred:
+            log.info("history partitions: %d dropped and %d made on a retry%s", dropped, made,
+                     " (the rest left to the next retry: a lock was busy)" if self.deferred else "",
+                     extra={"partitions_dropped": dropped, "partitions_made": made,
+                            "longest_step_ms": round(1000 * longest, 1)})
 
     def take_partition_steps(self, conn: psycopg.Connection[Any]) -> tuple[int, int, bool, float]:
         """Take the partition steps due now, a transaction each (`conn` in autocommit): (made,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -504,3 +505,25 @@ def test_two_sessions_taking_partition_steps_at_once_one_gives_way(api: Conn, db
         # the step another session took is not taken twice; the one left is taken now
         assert (scalar(second, call, create), scalar(second, call, drop)) == (False, True)
     assert partitions(api) == [*made[1:], (create["lower"], create["upper"])]
+
+
+def test_partition_steps_a_busy_lock_left_are_taken_again_soon_not_at_the_next_turn(api: Conn, db: str) -> None:
+    purger = Purger(db, every=3600, busy_retry=0.05)
+    try:
+        with psycopg.connect(db) as report:
+            # A report reading the live history holds a lock every attach waits for.
+            report.execute("LOCK TABLE pgsched.job_run_live IN ACCESS SHARE MODE")
+            assert purger.purge_if_turn() is True
+            assert purger.deferred and partitions(api) == []
+            purger.start()
+            time.sleep(0.3)  # retries after 0.05, 0.1 and 0.2 s, all while the lock is held
+            assert purger.deferred and partitions(api) == []
+        # The report ended: the steps are taken at the next retry, within the turn (the next turn
+        # is an hour away).
+        deadline = time.monotonic() + 5
+        while purger.deferred and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not purger.deferred
+        assert partitions(api) != [] and purger.turns == 1
+    finally:
+        purger.stop()
