@@ -158,7 +158,7 @@ class Purger:
 
     def take_partition_steps(self, conn: psycopg.Connection[Any]) -> tuple[int, int, bool, float]:
         """Take the partition steps due now, a transaction each (`conn` in autocommit): (made,
-        dropped, whether some were left for the next turn because a lock was busy, the longest
+        dropped, whether some were left for a retry because a lock was busy, the longest
         attach or drop in seconds: about what it held job_run_live's lock). A validation comes
         alone (the steps after it are known once it is done), hence the second look."""
         made = dropped = 0
