@@ -47,7 +47,6 @@ class LoopState:
         self.dirty = True
         self.stopping = False
         self._peers_woken = False  # told the other instances that this one is stopping
-        self._marked_stopped = False  # the instance row says stopped (scheduler._mark_stopped)
         self.stop_deadline: float | None = None
         self.reload_requested = False
         self.reloader: Callable[[], Settings] | None = None

@@ -396,10 +396,11 @@ class Scheduler(Requests):
 
     def _shutdown(self) -> None:
         self._purger.stop()
-        if not self.runs:
-            # Nothing in flight: the peers are told now and take over the next plans, instead of
-            # after the idle workers are reaped (a second on a slow host). With runs in flight the
-            # instance stays alive until they are gone, so no peer closes them as abandoned.
+        # Nothing in flight: the peers are told now and take over the next plans, instead of after
+        # the idle workers are reaped (a second on a slow host). With runs in flight the instance
+        # stays alive until they are gone, so no peer closes them as abandoned.
+        stopped_first = not self.runs
+        if stopped_first:
             self._mark_stopped()
         for worker in list(self.workers.values()):
             worker.close_stdin()
@@ -407,7 +408,8 @@ class Scheduler(Requests):
             launcher.reap(worker, timeout=2.0)
         self.workers.clear()
         launcher.stop_fork_server()
-        self._mark_stopped()
+        if not stopped_first:
+            self._mark_stopped()
         if self.store is not None:
             self._statements_done += self.store.statements
             self.store.close()
@@ -418,11 +420,10 @@ class Scheduler(Requests):
         self.log_stats("scheduler stopped")
 
     def _mark_stopped(self) -> None:
-        """The instance's row says it stopped, which wakes the peers (once; errors ignored: a peer
-        finds a dead instance by its heartbeat)."""
-        if self.store is None or self.instance_id is None or self._marked_stopped:
+        """The instance's row says it stopped, which wakes the peers (errors ignored: a peer finds a
+        dead instance by its heartbeat)."""
+        if self.store is None or self.instance_id is None:
             return
-        self._marked_stopped = True
         with contextlib.suppress(psycopg.Error):
             self.store.stop_instance(self.instance_id)
 
