@@ -122,7 +122,9 @@ def _config_marks() -> str:
 def _api_part(sql_dir: Path, replace_in_place: bool) -> str:
     files = migrate.api_files(False, sql_dir)
     digest = hashlib.sha256(b"plpython=0\0")
-    parts = []
+    # Every view and trigger replaced, as by an init with a migration (pgsched._replace_if_changed):
+    # an extension's script runs once per version, not under running schedulers' rounds.
+    parts = ["SELECT pg_catalog.set_config('pgsched.replace_all', 'on', true);\n"]
     if replace_in_place:
         parts += ["SELECT pg_catalog.set_config('pgsched.replace_in_place', 'on', true);\n", _REMEMBER_FUNCTIONS]
     dropped = False
@@ -140,6 +142,7 @@ def _api_part(sql_dir: Path, replace_in_place: bool) -> str:
                  f"VALUES ({_literal(digest.hexdigest())}, false)\n"
                  "    ON CONFLICT (singleton) DO UPDATE\n"
                  "    SET checksum = excluded.checksum, plpython = excluded.plpython, applied_at = now();\n")
+    parts.append("SELECT pg_catalog.set_config('pgsched.replace_all', 'off', true);\n")
     return "".join(parts)
 
 

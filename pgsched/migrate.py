@@ -9,8 +9,10 @@ advisory lock, so concurrent `pgsched init` runs serialize and a failure leaves
 the database as it was; a second run with nothing new is a no-op.
 
 Instances of the previous release keep running through an upgrade (pgsched/api.py),
-so re-applying the files replaces functions in place (_apply_api), gives way to the
-running schedulers' statements instead of deadlocking with them (_giving_way), and
+so re-applying the files replaces functions in place (_apply_api), leaves the views and
+triggers whose text did not change (pgsched._replace_if_changed: a replacement locks them
+until the commit), gives way to the running schedulers' statements instead of
+deadlocking with them (_giving_way), and
 then drops the internal functions the files no longer define (_drop_leftovers): the
 files of a release define its own API and the previous one it still serves, so what
 they do not define, no release in the window calls. check_version is what `pgsched
@@ -356,7 +358,7 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True,
                 return []
             if not has_plpython:
                 _drop_plpython_functions(cur)
-            dropped = _apply_api(cur, files)
+            dropped = _apply_api(cur, files, replace_all=bool(pending))
             cur.execute(
                 """INSERT INTO pgsched.api_state (checksum, plpython) VALUES (%s, %s)
                    ON CONFLICT (singleton) DO UPDATE
@@ -421,7 +423,7 @@ def _giving_way(cur: psycopg.Cursor[tuple[object, ...]], ddl: Callable[[], T]) -
 _DROP_HINT = re.compile(r"\bDROP (?:FUNCTION|PROCEDURE) (\S.*\))")
 
 
-def _apply_api(cur: psycopg.Cursor[tuple[object, ...]], files: list[Path]) -> list[str]:
+def _apply_api(cur: psycopg.Cursor[tuple[object, ...]], files: list[Path], *, replace_all: bool) -> list[str]:
     """Apply the API files, replacing each function in place; what no file defines is dropped after.
 
     A function dropped and created again gets a new oid, and a running scheduler's statement
@@ -433,8 +435,13 @@ def _apply_api(cur: psycopg.Cursor[tuple[object, ...]], files: list[Path]) -> li
     which the compatibility rule of pgsched/api.py rules out for what the previous API calls)
     makes the files fail with a hint naming it, and it alone is dropped before they run
     again. Returns what _drop_leftovers dropped.
+
+    Views and triggers are replaced only where their text changed (pgsched._replace_if_changed:
+    a replacement locks them, or the table, until the commit), unless replace_all: with a
+    migration, which may change what the same text gives.
     """
     cur.execute("SELECT set_config('pgsched.replace_in_place', 'on', true)")
+    cur.execute("SELECT set_config('pgsched.replace_all', %s, true)", ("on" if replace_all else "off",))
     before = _internal_functions(cur)
     refused: list[str] = []
     while True:

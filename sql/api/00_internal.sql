@@ -29,6 +29,42 @@ BEGIN
 END
 $$;
 
+-- Run one CREATE OR REPLACE VIEW or TRIGGER of these files (`ddl`, on `relation`, the view
+-- itself or the trigger's table) only when its text changed since it last ran, the object is
+-- missing, or init applies a migration too (pgsched.replace_all = on: a migration may change
+-- what the same text gives). A replacement locks until init commits: a view ACCESS EXCLUSIVE, so
+-- that reading it waits, and a trigger's table SHARE ROW EXCLUSIVE, so that every write to it
+-- waits; a reapply that left them as they were made running schedulers' claims and closes wait
+-- for the rest of it (README "`init` gives way"). The text's md5 is kept in the object's comment,
+-- which goes with the object when it is dropped.
+CREATE OR REPLACE FUNCTION pgsched._replace_if_changed(relation text, trigger_name text, ddl text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    mark constant text := 'pgsched: defined by sql/api, definition md5 ' || pg_catalog.md5(ddl);
+    was text;
+BEGIN
+    -- (A name lookup and pg_description: no lock on the relation.)
+    IF trigger_name IS NULL THEN
+        was := pg_catalog.obj_description(pg_catalog.to_regclass(relation), 'pg_class');
+    ELSE
+        SELECT pg_catalog.obj_description(t.oid, 'pg_trigger') INTO was
+          FROM pg_catalog.pg_trigger t
+         WHERE t.tgrelid = pg_catalog.to_regclass(relation) AND t.tgname = trigger_name;
+    END IF;
+    IF was IS NOT DISTINCT FROM mark
+       AND pg_catalog.current_setting('pgsched.replace_all', true) IS DISTINCT FROM 'on' THEN
+        RETURN;
+    END IF;
+    EXECUTE ddl;
+    IF trigger_name IS NULL THEN
+        EXECUTE format('COMMENT ON VIEW %s IS %L', pg_catalog.to_regclass(relation), mark);
+    ELSE
+        EXECUTE format('COMMENT ON TRIGGER %I ON %s IS %L', trigger_name, pg_catalog.to_regclass(relation), mark);
+    END IF;
+END
+$$;
+
 -- Create the composite type pgsched.<type_name> (<attributes>), or leave it as it is when it
 -- has these attributes already: dropping it would take the functions that return it along
 -- (new oids: see _drop_functions). A type whose attributes changed is dropped with them
@@ -439,10 +475,14 @@ BEGIN
 END
 $$;
 
+SELECT pgsched._replace_if_changed('pgsched.job', 'job_notify', $ddl$
 CREATE OR REPLACE TRIGGER job_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgsched.job
-    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change();
+    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change()
+$ddl$);
+SELECT pgsched._replace_if_changed('pgsched.job_stat', 'job_stat_notify', $ddl$
 CREATE OR REPLACE TRIGGER job_stat_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgsched.job_stat
-    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change();
+    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._notify_change()
+$ddl$);
 
 -- A job's state machine (TimescaleDB's), the one definition of it:
 --     scheduled -> starting -> scheduled                 a run started and ended
@@ -514,13 +554,17 @@ $$;
 -- _state_allowed, the one definition of the table (tests/integration/test_job_state.py checks
 -- that every pair this WHEN lets through is). Plain comparisons only: a trigger's WHEN is
 -- prepared for every statement.
+SELECT pgsched._replace_if_changed('pgsched.job_stat', 'job_stat_state_insert', $ddl$
 CREATE OR REPLACE TRIGGER job_stat_state_insert BEFORE INSERT ON pgsched.job_stat
-    FOR EACH ROW EXECUTE FUNCTION pgsched._check_state_change();
+    FOR EACH ROW EXECUTE FUNCTION pgsched._check_state_change()
+$ddl$);
+SELECT pgsched._replace_if_changed('pgsched.job_stat', 'job_stat_state_update', $ddl$
 CREATE OR REPLACE TRIGGER job_stat_state_update BEFORE UPDATE OF state ON pgsched.job_stat
     FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state
                        AND NOT (OLD.state = 'scheduled' AND NEW.state = 'starting')
                        AND NOT (OLD.state = 'starting' AND NEW.state = 'scheduled'))
-    EXECUTE FUNCTION pgsched._check_state_change();
+    EXECUTE FUNCTION pgsched._check_state_change()
+$ddl$);
 
 -- A job row always has its job_stat row, whether it came through add_job or
 -- direct DML; pausing and resuming are reflected in the state, and its priority, jitter and
@@ -583,9 +627,11 @@ BEGIN
 END
 $$;
 
+SELECT pgsched._replace_if_changed('pgsched.job', 'job_row_change', $ddl$
 CREATE OR REPLACE TRIGGER job_row_change
     AFTER INSERT OR UPDATE OF scheduled, priority, jitter, concurrency_key, depends_on ON pgsched.job
-    FOR EACH ROW EXECUTE FUNCTION pgsched._job_row_change();
+    FOR EACH ROW EXECUTE FUNCTION pgsched._job_row_change()
+$ddl$);
 
 CREATE OR REPLACE FUNCTION pgsched._touch_updated_at()
 RETURNS trigger LANGUAGE plpgsql
@@ -596,8 +642,10 @@ BEGIN
 END
 $$;
 
+SELECT pgsched._replace_if_changed('pgsched.job', 'job_touch', $ddl$
 CREATE OR REPLACE TRIGGER job_touch BEFORE UPDATE ON pgsched.job
-    FOR EACH ROW EXECUTE FUNCTION pgsched._touch_updated_at();
+    FOR EACH ROW EXECUTE FUNCTION pgsched._touch_updated_at()
+$ddl$);
 
 -- schedule_interval is derived from schedule, so a row written by direct DML
 -- (or edited by hand) is consistent. Text that is neither an interval nor a
@@ -619,8 +667,10 @@ BEGIN
 END
 $$;
 
+SELECT pgsched._replace_if_changed('pgsched.job', 'job_derive_interval', $ddl$
 CREATE OR REPLACE TRIGGER job_derive_interval BEFORE INSERT OR UPDATE OF schedule, schedule_interval
-    ON pgsched.job FOR EACH ROW EXECUTE FUNCTION pgsched._derive_schedule_interval();
+    ON pgsched.job FOR EACH ROW EXECUTE FUNCTION pgsched._derive_schedule_interval()
+$ddl$);
 
 -- History levels and retention (45_history.sql, README "History and retention"): here, before
 -- the files whose SQL functions use them.

@@ -243,14 +243,17 @@ BEGIN
 END
 $$;
 
+SELECT pgsched._replace_if_changed('pgsched.job', 'job_upstream_deleted', $ddl$
 CREATE OR REPLACE TRIGGER job_upstream_deleted AFTER DELETE ON pgsched.job
     REFERENCING OLD TABLE AS gone
-    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted();
+    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted()
+$ddl$);
 
 -- The plans '@after' jobs have been given and not yet started: the pending one (next_start, less
 -- the job's schedule_delay) and the ones waiting behind it, in the order they will run (position). A pending plan whose run has started
 -- (its job is starting or running it) is not listed. What the tests and bench/chaos.py count as
 -- given; as the invoker, under row-level security.
+SELECT pgsched._replace_if_changed('pgsched._upstream_plans', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched._upstream_plans WITH (security_invoker = true) AS
 SELECT s.job_id, p.plan_time, p.n = 1 AS pending, p.n AS position
   FROM pgsched.job_stat s
@@ -259,7 +262,8 @@ SELECT s.job_id, p.plan_time, p.n = 1 AS pending, p.n AS position
                     WITH ORDINALITY AS p(plan_time, n)
  WHERE j.schedule = '@after' AND p.plan_time IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live r
-                    WHERE r.job_id = s.job_id AND r.scope = '' AND r.plan_time = p.plan_time);
+                    WHERE r.job_id = s.job_id AND r.scope = '' AND r.plan_time = p.plan_time)
+$ddl$);
 
 -- Upstream plan runs that succeeded (the close calls this: their jobs and plan times, in the close's
 -- transaction): mark the edges they feed, plan a run of each '@after' dependent whose edges are then

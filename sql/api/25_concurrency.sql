@@ -33,6 +33,7 @@ $$;
 -- scheduler's questions read it (the claim, its sleep, the close's wake-up): a view, so that it
 -- is inlined into their cached plans, where a function would be planned again on every call.
 -- Not granted: it counts every owner's runs.
+SELECT pgsched._replace_if_changed('pgsched._key_room', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched._key_room AS
 SELECT coalesce(l.concurrency_key, b.concurrency_key) AS concurrency_key,
        coalesce(l.max_running, pgsched._key_default_limit()) - coalesce(b.n, 0) AS free
@@ -40,7 +41,8 @@ SELECT coalesce(l.concurrency_key, b.concurrency_key) AS concurrency_key,
   FULL JOIN (SELECT r.concurrency_key, count(*) AS n
                FROM pgsched.job_run_live r
               WHERE r.outcome = 'running' AND r.concurrency_key IS NOT NULL
-              GROUP BY r.concurrency_key) b ON b.concurrency_key = l.concurrency_key;
+              GROUP BY r.concurrency_key) b ON b.concurrency_key = l.concurrency_key
+$ddl$);
 REVOKE ALL ON pgsched._key_room FROM PUBLIC;
 
 -- Why a job whose plan is due does not start, if its key is the reason (job_stats.waiting_for).

@@ -4,6 +4,7 @@
 -- view, not to the view's owner (who, owning the tables, would see every row);
 -- so a role sees the rows, error messages included, of the jobs it may see.
 
+SELECT pgsched._replace_if_changed('pgsched.jobs', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched.jobs WITH (security_invoker = true) AS
 SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.proc_schema, j.proc_name, j.command, j.code_module, j.code_function,
@@ -15,8 +16,10 @@ SELECT j.job_id, j.job_name, j.owner, j.kind,
        j.scope_query, j.database, j.priority, j.exclude, j.jitter, j.concurrency_key, j.depends_on,
        j.history, j.success_retention, j.failure_retention
   FROM pgsched.job j
-  JOIN pgsched.job_stat s USING (job_id);
+  JOIN pgsched.job_stat s USING (job_id)
+$ddl$);
 
+SELECT pgsched._replace_if_changed('pgsched.job_stats', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched.job_stats WITH (security_invoker = true) AS
 SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
        s.last_start, s.last_finish, s.last_successful_finish, s.last_run_success,
@@ -39,11 +42,13 @@ SELECT s.job_id, j.job_name, j.owner, s.state, s.next_start,
                 CASE WHEN j.depends_on IS NOT NULL AND s.state <> 'disabled'
                      THEN pgsched._upstream_wait(s.job_id) END) AS waiting_for
   FROM pgsched.job_stat s
-  JOIN pgsched.job j USING (job_id);
+  JOIN pgsched.job j USING (job_id)
+$ddl$);
 
 -- Every concurrency key in use or with a limit (README "Concurrency limits"): its limit, the runs
 -- holding it now (over every owner: _key_running), and the jobs you may see that have it and of
 -- those, the ones waiting for it.
+SELECT pgsched._replace_if_changed('pgsched.concurrency_limits', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched.concurrency_limits WITH (security_invoker = true) AS
 SELECT k.concurrency_key, pgsched._key_limit(k.concurrency_key) AS max_running,
        l.concurrency_key IS NULL AS is_default,
@@ -53,8 +58,10 @@ SELECT k.concurrency_key, pgsched._key_limit(k.concurrency_key) AS max_running,
          WHERE j.concurrency_key = k.concurrency_key AND s.waiting_for IS NOT NULL)::integer AS waiting
   FROM (SELECT l.concurrency_key FROM pgsched.concurrency_limit l
         UNION SELECT j.concurrency_key FROM pgsched.job j WHERE j.concurrency_key IS NOT NULL) k
-  LEFT JOIN pgsched.concurrency_limit l ON l.concurrency_key = k.concurrency_key;
+  LEFT JOIN pgsched.concurrency_limit l ON l.concurrency_key = k.concurrency_key
+$ddl$);
 
+SELECT pgsched._replace_if_changed('pgsched.job_history', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched.job_history WITH (security_invoker = true) AS
 SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigger,
        r.started_at, r.finished_at, r.finished_at - r.started_at AS duration,
@@ -63,7 +70,8 @@ SELECT r.run_id, r.job_id, j.job_name, r.scope, r.plan_time, r.attempt, r.trigge
        r.rows_affected, r.result,
        r.jitter  -- what the start was delayed by (NULL: the job has no jitter)
   FROM pgsched.job_run r
-  JOIN pgsched.job j USING (job_id);
+  JOIN pgsched.job j USING (job_id)
+$ddl$);
 
 -- Row-level security decides which rows; every role may ask.
 GRANT SELECT ON pgsched.jobs, pgsched.job_stats, pgsched.job_history, pgsched.concurrency_limits TO PUBLIC;
@@ -71,12 +79,14 @@ GRANT SELECT ON pgsched.jobs, pgsched.job_stats, pgsched.job_history, pgsched.co
 -- Live and stopped scheduler instances. alive: not stopped, heartbeat recent, and its
 -- connection still there (the rules _abandoned_runs uses, with the default dead_after, 10 s).
 -- runs_in_progress counts the runs the reader may see (row-level security).
+SELECT pgsched._replace_if_changed('pgsched.instances', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched.instances WITH (security_invoker = true) AS
 SELECT i.instance_id, i.host, i.pid, i.version, i.max_workers, i.started_at, i.heartbeat_at, i.stopped_at,
        (i.stopped_at IS NULL AND i.heartbeat_at >= now() - interval '10 seconds'
         AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = i.backend_pid)) AS alive,
        (SELECT count(*) FROM pgsched.job_run_live r WHERE r.instance_id = i.instance_id AND r.outcome = 'running')
            AS runs_in_progress
-  FROM pgsched.instance i;
+  FROM pgsched.instance i
+$ddl$);
 
 GRANT SELECT ON pgsched.instances TO PUBLIC;

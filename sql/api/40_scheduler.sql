@@ -49,6 +49,7 @@ SELECT pgsched._drop_functions(ARRAY[
 -- (_claim_v2's queued runs repeat its conditions, for their plan). Two tests, each on its partial
 -- index (running runs by job; queued runs by job, scope and plan): one test with an OR read the
 -- job's whole history for every queued run.
+SELECT pgsched._replace_if_changed('pgsched._claimable_scope_runs', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched._claimable_scope_runs AS
 SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
   FROM pgsched.job_run_live q JOIN pgsched.job j ON j.job_id = q.job_id
@@ -57,7 +58,8 @@ SELECT q.run_id, q.job_id, q.plan_time, j.kind, j.code_module
                     WHERE o.job_id = q.job_id AND o.outcome = 'running' AND o.scope = q.scope)
    AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                     WHERE o.job_id = q.job_id AND o.scope = q.scope AND o.outcome = 'queued'
-                      AND o.plan_time < q.plan_time);
+                      AND o.plan_time < q.plan_time)
+$ddl$);
 
 -- A run to launch, as _claim_v2 and _take_over_v2 return it: the run, its job's counters before
 -- it, and what pgsched._job_launch says about the job, every setting of pgsched.job_settings
@@ -83,6 +85,7 @@ SELECT pgsched._define_type('_launch_row_v2', $$
 -- _take_over_v2. A view, so that it is inlined into their queries (a function with a
 -- pinned search_path would be called once per row).
 -- Columns may only be appended (CREATE OR REPLACE VIEW replaces release 0.1.0's in place).
+SELECT pgsched._replace_if_changed('pgsched._job_launch', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched._job_launch AS
 SELECT j.job_id, j.job_name, j.kind,
        -- The role's name as it logs in (regrole's text would be a quoted identifier), NULL if
@@ -109,7 +112,8 @@ SELECT j.job_id, j.job_name, j.kind,
         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
        WHERE n.nspname = j.proc_schema AND p.proname = j.proc_name
          AND p.proargtypes = '23 3802'::pg_catalog.oidvector
-  ) pr ON true;
+  ) pr ON true
+$ddl$);
 
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first, a job's priority counted as that many seconds more overdue: migration

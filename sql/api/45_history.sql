@@ -41,6 +41,7 @@ $$;
 -- partition_width: how much of keep_until one partition of job_run covers (migration 0015): a
 -- day's worth of ends of retention, so a row is kept at most a day past its retention, and the
 -- failures' 30 days take about 31 partitions.
+SELECT pgsched._replace_if_changed('pgsched._history_policy', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched._history_policy AS
 SELECT coalesce(p.success_retention, d.success_retention) AS success_retention,
        coalesce(p.failure_retention, d.failure_retention) AS failure_retention,
@@ -51,7 +52,8 @@ SELECT coalesce(p.success_retention, d.success_retention) AS success_retention,
            AS d(success_retention, failure_retention, partition_width)
   -- ON p.one, not ON true: its key reads it, also where sequential scans are off (the close,
   -- pgsched._end_runs), which would otherwise cost the close past jit_above_cost.
-  LEFT JOIN pgsched.history_policy p ON p.one;
+  LEFT JOIN pgsched.history_policy p ON p.one
+$ddl$);
 GRANT SELECT ON pgsched._history_policy TO PUBLIC;
 
 -- The database's retention. Shared by every owner's jobs, so only the catalog's administrators
@@ -99,6 +101,7 @@ END
 $$;
 
 -- The database-wide settings a user may read: name, value, default, what it does.
+SELECT pgsched._replace_if_changed('pgsched.settings', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched.settings AS
 SELECT s.name, s.value, s.default_value, s.description
   FROM pgsched._history_policy p,
@@ -117,7 +120,8 @@ SELECT s.name, s.value, s.default_value, s.description
             || 'that much past its retention, and its partition dropped whole (pgsched.set_retention)'),
            ('last_purge', p.purged_at::text, NULL,
             'when a scheduler last applied the retention (pgsched.purge_history)')
-       ) AS s(name, value, default_value, description);
+       ) AS s(name, value, default_value, description)
+$ddl$);
 GRANT SELECT ON pgsched.settings TO PUBLIC;
 
 -- The rows of closed runs whose job's history level does not keep them (README "History and
@@ -143,13 +147,15 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- The time partitions of job_run (migration 0015), with the range of keep_until each covers.
+SELECT pgsched._replace_if_changed('pgsched._history_partitions', NULL, $ddl$
 CREATE OR REPLACE VIEW pgsched._history_partitions AS
 SELECT c.relname::text AS name, b[1]::timestamptz AS lower, b[2]::timestamptz AS upper
   FROM pg_catalog.pg_inherits i
   JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
  CROSS JOIN LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
                                             'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') AS b
- WHERE i.inhparent = 'pgsched.job_run'::pg_catalog.regclass AND b IS NOT NULL;  -- not job_run_live (DEFAULT)
+ WHERE i.inhparent = 'pgsched.job_run'::pg_catalog.regclass AND b IS NOT NULL  -- not job_run_live (DEFAULT)
+$ddl$);
 
 -- What keeps job_run's partitions in step with the policy at `now`, in the order to take them:
 -- 'validate' job_run_live's constraint first (once, after migration 0015: until then an attach

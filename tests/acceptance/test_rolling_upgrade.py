@@ -65,10 +65,6 @@ RACED_INIT = re.compile(r"database error in the scheduler loop \(continuing\): (
                         r"|constraint \"job_run_plan_key\" for table \"job_run\" does not exist)")
 BEHIND = re.compile(r" WARNING pgsched\.scheduler: job \d+ is behind \(catch_up = latest\): \d+ plan\(s\) ")
 HELD_RUN = re.compile(r"skipped: run (\d+) was still in progress")
-# A 0.1.0 statement that waited longer than its lock_timeout (1 s) for a lock an init's reapply held:
-# 0.1.0 reports any SQL error of its loop so, reconnects and retries the round.
-LOCK_TIMEOUT = re.compile(r" WARNING pgsched\.scheduler: lost the database connection: canceling statement due to "
-                          r"lock timeout$")
 NOT_QUIET = re.compile(r" (WARNING|ERROR|CRITICAL) |database error|Traceback|psycopg\.errors", re.IGNORECASE)
 
 
@@ -311,12 +307,12 @@ def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: S
     and gave way to running statements, this logged about one SQL error per three inits). On a
     slow machine an init can hold a round up past a plan of these 1-second jobs: that plan is
     missed as the catch-up policy says, with its warning, which is the scheduler's report of a
-    delay, not an error (seen once on the machine of 2026-11-27 evening). On that machine, too, a
-    0.1.0 statement once waited for a lock an init's reapply held past 0.1.0's 1 s lock_timeout,
-    twice in thirty inits (most likely the trigger replacements of the first API file, which lock
-    job and job_stat until the commit): 0.1.0 logs that as a lost connection and
-    retries the round. At most three of those are allowed (before init gave way, ten were usual);
-    any other warning or error fails the test."""
+    delay, not an error (seen once on the machine of 2026-11-27 evening). Any other warning or error
+    fails the test: among them a 0.1.0 statement that waited past its 1 s lock_timeout for a lock
+    the reapply held, which 0.1.0 logs as a lost connection. That was seen twice in thirty inits on
+    that machine while every reapply replaced the triggers on job and job_stat, locking them
+    against writes until its commit; a reapply now leaves the views and triggers whose text did
+    not change (pgsched._replace_if_changed), and these reapply the same files."""
     execute(db, SETUP_SQL)
     jobs = [add_job(db, "'tick', '1 second', initial_start => now() + interval '3 s'") for _ in range(20)]
     old = previous_release.venv() / "bin" / "pgsched"
@@ -328,11 +324,7 @@ def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: S
         assert "schema version" in pgsched_init(PGSCHED, db)
         time.sleep(0.3)
     time.sleep(1.5)
-    lines = [line for s in instances for line in s.log_lines()]
-    waited = [line for line in lines if LOCK_TIMEOUT.search(line)]
-    assert len(waited) <= 3, waited
-    errors = {s.pid: [line for line in s.log_lines()
-                      if NOT_QUIET.search(line) and not BEHIND.search(line) and not LOCK_TIMEOUT.search(line)]
+    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line) and not BEHIND.search(line)]
               for s in instances}
     assert not any(errors.values()), errors
     assert all(s.proc.poll() is None for s in instances)

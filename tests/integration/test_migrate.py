@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -239,3 +239,74 @@ def test_upgrade_replaces_internal_functions_whose_arguments_or_result_changed(b
     bare.execute(SETUP_SQL)
     job = scalar(bare, "SELECT pgsched.add_job('ok_fn', '5 minutes')")
     assert scalar(bare, "SELECT pgsched._mark_start(%s, now(), 'manual')", (job,)) > 0
+
+
+@pytest.fixture
+def schedulers_hold(empty_db: str) -> Iterator[Callable[[], None]]:
+    """Take, in another session, the locks running schedulers hold while they claim and close: ROW
+    EXCLUSIVE on the tables they write, ACCESS SHARE on every pgsched view (a claim reads
+    _job_launch), until the test ends."""
+    with psycopg.connect(empty_db) as holder:
+        def hold() -> None:
+            views = [str(r[0]) for r in holder.execute(
+                "SELECT relname FROM pg_class WHERE relnamespace = 'pgsched'::regnamespace AND relkind = 'v'")]
+            holder.execute("LOCK TABLE pgsched.job, pgsched.job_stat, pgsched.job_run_live IN ROW EXCLUSIVE MODE")
+            holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+                sql.SQL(", ").join(sql.Identifier("pgsched", v) for v in views)))
+        yield hold
+        holder.rollback()
+
+
+def _reapply_waiting_in_line(bare: Conn, monkeypatch: pytest.MonkeyPatch) -> migrate.InitResult:
+    """init's re-apply of the API, waiting for a lock at most 1 s and not giving way first (so a
+    lock it needs and cannot have fails it: LockNotAvailable)."""
+    monkeypatch.setattr(migrate, "GIVE_WAY_FOR", 0.0)
+    bare.execute("SET lock_timeout = '1s'")
+    bare.execute("UPDATE pgsched.api_state SET checksum = 'another release'")
+    return migrate.init(bare)
+
+
+def test_a_reapply_that_changes_no_view_or_trigger_waits_for_no_running_scheduler(
+        bare: Conn, schedulers_hold: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replacing a trigger locks its table against every write, a view against every read, until
+    init commits: a reapply whose views and triggers are as they were leaves them alone
+    (pgsched._replace_if_changed), so it takes no lock a running scheduler's claim or close waits
+    for (before, the first file's triggers locked job and job_stat for the whole reapply)."""
+    migrate.init(bare)
+    views = scalar(bare, "SELECT count(*) FROM pg_class WHERE relnamespace = 'pgsched'::regnamespace "
+                         "AND relkind = 'v'")
+    assert views >= 10
+    schedulers_hold()
+    assert _reapply_waiting_in_line(bare, monkeypatch).api_reapplied is True
+
+
+def test_a_view_or_trigger_whose_text_changed_or_that_is_gone_is_replaced(
+        bare: Conn, schedulers_hold: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> None:
+    migrate.init(bare)
+    mark = scalar(bare, "SELECT obj_description('pgsched.jobs'::regclass, 'pg_class')")
+    assert mark.startswith("pgsched: defined by sql/api, definition md5 ")
+    # Another text (as an older release's file) and a trigger dropped by hand.
+    bare.execute("COMMENT ON VIEW pgsched.jobs IS 'pgsched: defined by sql/api, definition md5 0'")
+    bare.execute("DROP TRIGGER job_touch ON pgsched.job")
+    assert _reapply_waiting_in_line(bare, monkeypatch).api_reapplied is True
+    assert scalar(bare, "SELECT obj_description('pgsched.jobs'::regclass, 'pg_class')") == mark
+    assert scalar(bare, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgsched.job'::regclass "
+                        "AND tgname = 'job_touch'") == 1
+    # A view that changed is replaced even though a scheduler reads it: the reapply waits for it.
+    bare.execute("COMMENT ON VIEW pgsched._job_launch IS 'pgsched: defined by sql/api, definition md5 0'")
+    schedulers_hold()
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        _reapply_waiting_in_line(bare, monkeypatch)
+
+
+def test_an_upgrade_with_a_migration_replaces_every_view_and_trigger(
+        bare: Conn, schedulers_hold: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A migration may change what the same text of a view gives (a column its j.* takes in): with
+    one, init replaces them all, as before."""
+    migrate.init(bare)
+    known = migrate.migrations()
+    extra = migrate.Migration(len(known) + 1, "test_extra", "SELECT 1;")
+    monkeypatch.setattr(migrate, "migrations", lambda: [*known, extra])
+    schedulers_hold()
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        _reapply_waiting_in_line(bare, monkeypatch)
