@@ -35,13 +35,15 @@ $$;
 -- what the same text gives). A replacement locks until init commits: a view ACCESS EXCLUSIVE, so
 -- that reading it waits, and a trigger's table SHARE ROW EXCLUSIVE, so that every write to it
 -- waits; a reapply that left them as they were made running schedulers' claims and closes wait
--- for the rest of it (README "`init` gives way"). The text's md5 is kept in the object's comment,
+-- for the rest of it (README "`init` gives way"). The text's sha256 is kept in the object's comment,
 -- which goes with the object when it is dropped.
 CREATE OR REPLACE FUNCTION pgsched._replace_if_changed(relation text, trigger_name text, ddl text)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    mark constant text := 'pgsched: defined by sql/api, definition md5 ' || pg_catalog.md5(ddl);
+    -- sha256, not md5: a server in FIPS mode refuses md5.
+    mark constant text := 'pgsched: defined by sql/api, definition sha256 '
+                          || pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(ddl, 'UTF8')), 'hex');
     was text;
 BEGIN
     -- (A name lookup and pg_description: no lock on the relation.)

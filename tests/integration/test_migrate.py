@@ -244,15 +244,19 @@ def test_upgrade_replaces_internal_functions_whose_arguments_or_result_changed(b
 @pytest.fixture
 def schedulers_hold(empty_db: str) -> Iterator[Callable[[], None]]:
     """Take, in another session, the locks running schedulers hold while they claim and close: ROW
-    EXCLUSIVE on the tables they write, ACCESS SHARE on every pgsched view (a claim reads
-    _job_launch), until the test ends."""
+    EXCLUSIVE on every pgsched table (they write job, job_stat, the history, instance, ...), ACCESS
+    SHARE on every pgsched view (a claim reads _job_launch), until the test ends."""
     with psycopg.connect(empty_db) as holder:
+        def relations(kinds: str) -> sql.Composable:
+            names = [str(r[0]) for r in holder.execute(
+                "SELECT relname FROM pg_class WHERE relnamespace = 'pgsched'::regnamespace "
+                "AND relkind = ANY (string_to_array(%s, ',')::char[]) AND NOT relispartition", (kinds,))]
+            assert names
+            return sql.SQL(", ").join(sql.Identifier("pgsched", n) for n in names)
+
         def hold() -> None:
-            views = [str(r[0]) for r in holder.execute(
-                "SELECT relname FROM pg_class WHERE relnamespace = 'pgsched'::regnamespace AND relkind = 'v'")]
-            holder.execute("LOCK TABLE pgsched.job, pgsched.job_stat, pgsched.job_run_live IN ROW EXCLUSIVE MODE")
-            holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
-                sql.SQL(", ").join(sql.Identifier("pgsched", v) for v in views)))
+            holder.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(relations("r,p")))
+            holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(relations("v")))
         yield hold
         holder.rollback()
 
@@ -284,16 +288,16 @@ def test_a_view_or_trigger_whose_text_changed_or_that_is_gone_is_replaced(
         bare: Conn, schedulers_hold: Callable[[], None], monkeypatch: pytest.MonkeyPatch) -> None:
     migrate.init(bare)
     mark = scalar(bare, "SELECT obj_description('pgsched.jobs'::regclass, 'pg_class')")
-    assert mark.startswith("pgsched: defined by sql/api, definition md5 ")
+    assert mark.startswith("pgsched: defined by sql/api, definition sha256 ")
     # Another text (as an older release's file) and a trigger dropped by hand.
-    bare.execute("COMMENT ON VIEW pgsched.jobs IS 'pgsched: defined by sql/api, definition md5 0'")
+    bare.execute("COMMENT ON VIEW pgsched.jobs IS 'pgsched: defined by sql/api, definition sha256 0'")
     bare.execute("DROP TRIGGER job_touch ON pgsched.job")
     assert _reapply_waiting_in_line(bare, monkeypatch).api_reapplied is True
     assert scalar(bare, "SELECT obj_description('pgsched.jobs'::regclass, 'pg_class')") == mark
     assert scalar(bare, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgsched.job'::regclass "
                         "AND tgname = 'job_touch'") == 1
     # A view that changed is replaced even though a scheduler reads it: the reapply waits for it.
-    bare.execute("COMMENT ON VIEW pgsched._job_launch IS 'pgsched: defined by sql/api, definition md5 0'")
+    bare.execute("COMMENT ON VIEW pgsched._job_launch IS 'pgsched: defined by sql/api, definition sha256 0'")
     schedulers_hold()
     with pytest.raises(psycopg.errors.LockNotAvailable):
         _reapply_waiting_in_line(bare, monkeypatch)

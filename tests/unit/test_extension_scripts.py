@@ -25,6 +25,9 @@ def test_install_script_is_init_on_an_empty_database_in_the_same_order() -> None
     # The plain-SQL path only: none of plpython/'s definitions.
     plpython = set(migrate.api_files(True)) - set(migrate.api_files(False))
     assert plpython and not any(f.read_text() in script for f in plpython)
+    # Every view and trigger replaced (pgsched._replace_if_changed), from before the first API file.
+    on = script.index("set_config('pgsched.replace_all', 'on', true)")
+    assert on < script.index("-- sql/api/00_api.sql") < script.index("set_config('pgsched.replace_all', 'off', true)")
     for table in extension.CONFIG_TABLES:
         # a plain table's rows only: job_run is partitioned (its default partition is marked)
         assert f"WHERE c.oid = pg_catalog.to_regclass('{table}') AND c.relkind = 'r';" in script
@@ -36,6 +39,7 @@ def test_update_script_has_only_the_migrations_the_earlier_release_lacks() -> No
         assert (m.text in update) == (m.version > extension.EARLIER_RELEASES["0.1.0"]), m.name
     assert update.index("pgsched.functions_before") < update.index("DROP ROUTINE")
     assert "set_config('pgsched.replace_in_place', 'on', true)" in update
+    assert update.index("set_config('pgsched.replace_all', 'on', true)") < update.index("-- sql/api/00_api.sql")
 
 
 def test_a_version_that_is_not_a_release_is_refused() -> None:
