@@ -468,7 +468,8 @@ def _apply_api(cur: psycopg.Cursor[tuple[object, ...]], files: list[Path], *, re
             cur.execute(sql.SQL("DROP ROUTINE {}").format(sql.SQL(signature)))
             continue
         cur.execute("RELEASE SAVEPOINT api_files")
-        cur.execute("SELECT set_config('pgsched.replace_in_place', 'off', true)")
+        cur.execute("SELECT set_config('pgsched.replace_in_place', 'off', true), "
+                    "set_config('pgsched.replace_all', 'off', true)")
         return dropped
 
 

@@ -310,7 +310,8 @@ def test_init_again_and_again_under_running_instances_is_quiet(db: str, serve: S
     delay, not an error (seen once on the machine of 2026-11-27 evening). Any other warning or error
     fails the test: among them a 0.1.0 statement that waited past its 1 s lock_timeout for a lock
     the reapply held, which 0.1.0 logs as a lost connection. That was seen twice in thirty inits on
-    that machine while every reapply replaced the triggers on job and job_stat, locking them
+    that machine, and 36 times in one CI run, while every reapply replaced the triggers on job and
+    job_stat, locking them
     against writes until its commit; a reapply now leaves the views and triggers whose text did
     not change (pgsched._replace_if_changed), and these reapply the same files."""
     execute(db, SETUP_SQL)

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -143,3 +144,10 @@ def as_new_role(api: Conn, db: str, prefix: str) -> Iterator[str]:
         api.execute("DELETE FROM pgsched.job")
         api.execute(f"DROP OWNED BY {role}")
         api.execute(f"DROP ROLE {role}")
+
+
+def mark_changed(conn: Conn, target: str) -> None:
+    """Make a pgsched view or trigger (`target`: 'VIEW pgsched.jobs', 'TRIGGER job_touch ON
+    pgsched.job') look like an earlier release's text, so that init's next reapply replaces it
+    (pgsched._replace_if_changed keeps the text's digest in the comment)."""
+    conn.execute(sql.SQL("COMMENT ON {} IS 'an earlier release''s text'").format(sql.SQL(target)))

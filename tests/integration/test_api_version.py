@@ -19,7 +19,7 @@ import pgsched
 from pgsched import api, migrate
 from pgsched.errors import SchemaVersionMismatch
 from tests.conftest import PgServer
-from tests.integration.helpers import Conn, rows, scalar
+from tests.integration.helpers import Conn, mark_changed, rows, scalar
 
 REPO = Path(migrate.__file__).resolve().parent.parent
 
@@ -223,8 +223,8 @@ def test_init_gives_way_to_a_statement_it_would_deadlock_with(conn: Conn, db: st
     the session's statement goes on within a moment, and init succeeds after it. The view and
     the trigger are an earlier release's text, else init leaves them (_replace_if_changed)."""
     force_reapply(conn)
-    conn.execute("COMMENT ON VIEW pgsched.job_stats IS 'an earlier release''s text'")
-    conn.execute("COMMENT ON TRIGGER job_notify ON pgsched.job IS 'an earlier release''s text'")
+    mark_changed(conn, "VIEW pgsched.job_stats")
+    mark_changed(conn, "TRIGGER job_notify ON pgsched.job")
     outcome: list[BaseException | migrate.InitResult] = []
     with psycopg.connect(db, autocommit=True) as session:
         session.execute("BEGIN")

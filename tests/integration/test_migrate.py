@@ -13,7 +13,7 @@ from psycopg import sql
 from pgsched import migrate
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
 from tests.conftest import PgServer
-from tests.integration.helpers import SETUP_SQL, Conn, rows, scalar
+from tests.integration.helpers import SETUP_SQL, Conn, mark_changed, rows, scalar
 
 
 @pytest.fixture
@@ -290,14 +290,14 @@ def test_a_view_or_trigger_whose_text_changed_or_that_is_gone_is_replaced(
     mark = scalar(bare, "SELECT obj_description('pgsched.jobs'::regclass, 'pg_class')")
     assert mark.startswith("pgsched: defined by sql/api, definition sha256 ")
     # Another text (as an older release's file) and a trigger dropped by hand.
-    bare.execute("COMMENT ON VIEW pgsched.jobs IS 'pgsched: defined by sql/api, definition sha256 0'")
+    mark_changed(bare, "VIEW pgsched.jobs")
     bare.execute("DROP TRIGGER job_touch ON pgsched.job")
     assert _reapply_waiting_in_line(bare, monkeypatch).api_reapplied is True
     assert scalar(bare, "SELECT obj_description('pgsched.jobs'::regclass, 'pg_class')") == mark
     assert scalar(bare, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgsched.job'::regclass "
                         "AND tgname = 'job_touch'") == 1
     # A view that changed is replaced even though a scheduler reads it: the reapply waits for it.
-    bare.execute("COMMENT ON VIEW pgsched._job_launch IS 'pgsched: defined by sql/api, definition sha256 0'")
+    mark_changed(bare, "VIEW pgsched._job_launch")
     schedulers_hold()
     with pytest.raises(psycopg.errors.LockNotAvailable):
         _reapply_waiting_in_line(bare, monkeypatch)
