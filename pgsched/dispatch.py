@@ -139,7 +139,8 @@ class Dispatch(LoopState):
         batch = [] if held else self._take_pending()
         try:
             claimed, next_due, closes = self.store.claim(
-                self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch)
+                self.instance_id, [(w.pid, w.backend_pid or 0) for w in idle], ahead, finishing=batch,
+                while_waiting=self.held_records.write)
         except psycopg.Error:
             self.pending = batch + self.pending  # written after reconnecting; closing is idempotent
             raise
@@ -234,9 +235,10 @@ class Dispatch(LoopState):
         if self.metrics is not None:
             self.metrics.run_started(lag)
         if log.isEnabledFor(logging.INFO):
-            log.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id, job.job_name,
-                     run.run_id, run.plan_time.isoformat(), f" scope={run.scope!r}" if run.scope else "", lag,
-                     worker.pid, extra=self._run_fields(run, "running", None, None))
+            self.held_records.info("run start job=%s name=%r run=%s plan=%s%s lag=%.3fs worker=%s", job.job_id,
+                                   job.job_name, run.run_id, run.plan_time.isoformat(),
+                                   f" scope={run.scope!r}" if run.scope else "", lag, worker.pid,
+                                   extra=self._run_fields(run, "running", None, None))
         try:
             worker.send({
                 "run_id": run.run_id, "job_id": job.job_id, "kind": job.kind, "owner": job.owner,
@@ -472,9 +474,10 @@ class Dispatch(LoopState):
             # transaction took runs and said what is due (store.Store.claim).
             if log.isEnabledFor(logging.INFO):
                 duration = (finish - run.started_at).total_seconds()
-                log.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
-                         run.scope, outcome, duration, f" error={message!r}" if message else "",
-                         extra=self._run_fields(run, outcome, duration, sqlstate))
+                self.held_records.info("run end job=%s run=%s scope=%r outcome=%s duration=%.3fs%s", job.job_id,
+                                       run.run_id, run.scope, outcome, duration,
+                                       f" error={message!r}" if message else "",
+                                       extra=self._run_fields(run, outcome, duration, sqlstate))
             self.pending.append(Finish(
                 run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
                 finished_at=finish, lease_token=run.lease_token, rows_affected=rows_affected, result=result,
@@ -496,9 +499,9 @@ class Dispatch(LoopState):
                 message = f"{message} [{end.disable_reason}]" if message else end.disable_reason
         if log.isEnabledFor(logging.INFO):
             duration = (finish - run.started_at).total_seconds()
-            log.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id, outcome,
-                     duration, f" error={message!r}" if message else "",
-                     extra=self._run_fields(run, outcome, duration, sqlstate))
+            self.held_records.info("run end job=%s run=%s outcome=%s duration=%.3fs%s", job.job_id, run.run_id,
+                                   outcome, duration, f" error={message!r}" if message else "",
+                                   extra=self._run_fields(run, outcome, duration, sqlstate))
         self.pending.append(Finish(
             run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=end.next_start,
             finished_at=finish, disable_reason=end.disable_reason, skipped=end.skipped, lease_token=run.lease_token,

@@ -1,4 +1,5 @@
-"""Log set-up: plain text, or one JSON object per line (--log-format json, python-json-logger).
+"""Log set-up: plain text, or one JSON object per line (--log-format json, python-json-logger);
+and the scheduler's held records (HeldRecords).
 
 A JSON record has ts, level, logger and msg, plus whatever the call passed as `extra`: the
 scheduler's run start and end records carry RUN_FIELDS as keys of their own, so a program
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +51,39 @@ class PgschedJsonFormatter(JsonFormatter):
                 log_data[key] = value
         if "exc_info" in log_data:
             log_data["exc"] = log_data.pop("exc_info")
+
+
+class HeldRecords:
+    """Info records made now and written later: the scheduler's run start and end records (two a
+    run, the largest part of its own work a run) are written while its claim is on the database
+    or when it has nothing else to do, not between a worker's report and the next claim. A record
+    keeps the time it was made, so its ts is the event's; it may be written after a record made
+    later (a warning of the same round)."""
+
+    # Held longer than this, they are written even when the scheduler has more to do at once.
+    MAX_HOLD_S = 0.05
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.records: list[logging.LogRecord] = []
+        self._since = 0.0  # monotonic: when the oldest was made
+
+    def info(self, msg: str, *args: object, extra: dict[str, Any]) -> None:
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        if not self.records:
+            self._since = time.monotonic()
+        # What Logger._log makes with logging._srcfile off (setup), without writing it.
+        self.records.append(self.logger.makeRecord(self.logger.name, logging.INFO, "(unknown file)", 0, msg, args,
+                                                   None, "(unknown function)", extra))
+
+    def overdue(self) -> bool:
+        return bool(self.records) and time.monotonic() >= self._since + self.MAX_HOLD_S
+
+    def write(self) -> None:
+        records, self.records = self.records, []
+        for record in records:
+            self.logger.handle(record)
 
 
 def setup(fmt: str = "text", level: str = "info") -> None:

@@ -19,6 +19,7 @@ from datetime import datetime
 from pgsched.clock import Clock, DbClock
 from pgsched.errors import first_line
 from pgsched.launcher import Worker
+from pgsched.logs import HeldRecords
 from pgsched.metrics import LoopMetrics
 from pgsched.model import Run
 from pgsched.retention import Purger
@@ -54,6 +55,7 @@ class LoopState:
         self.started_mono = time.monotonic()
         self.runs_started = 0
         self.metrics: LoopMetrics | None = None  # serve --http only (pgsched/metrics.py)
+        self.held_records = HeldRecords(log)  # run start and end records (dispatch), written when it waits
         self.sd = Notifier.from_env()  # under systemd Type=notify only (pgsched/sdnotify.py)
         self._announced_ready = False
         self.runs_ended = 0

@@ -94,6 +94,7 @@ class Scheduler(Requests):
                 self._wait()
             self._flush()
         finally:
+            self.held_records.write()
             self._shutdown()
 
     # -- one round of work -------------------------------------------------------------
@@ -335,6 +336,8 @@ class Scheduler(Requests):
     # -- waiting ---------------------------------------------------------------------------
     def _wait(self) -> None:
         timeout = self._wait_seconds()
+        if timeout > 0 or self.held_records.overdue():
+            self.held_records.write()
         if timeout <= 0:
             return
         for key, _ in self._selector.select(timeout):

@@ -369,12 +369,14 @@ class Store:
 
     # -- runs -------------------------------------------------------------
     def claim(self, instance_id: int, workers: Sequence[tuple[int, int]], ahead: timedelta = timedelta(0),
-              finishing: Sequence[Finish] = ()) -> tuple[list[Claimed], datetime | None, list[Closed | None]]:
+              finishing: Sequence[Finish] = (), while_waiting: Callable[[], None] = lambda: None,
+              ) -> tuple[list[Claimed], datetime | None, list[Closed | None]]:
         """Mark the start of up to len(workers) due runs; worker i gets the i-th run.
 
         Runs in `finishing` are closed first, in the same round trip and transaction (a pipeline
         without a sync between the two: if the close fails, nothing is claimed and the caller
-        keeps the batch). Also returns when the next
+        keeps the batch). `while_waiting` is called once the statements are sent, while the
+        database runs them (their results come with the pipeline's end). Also returns when the next
         unclaimed job is due (None when nothing was claimed: the caller must ask next_due()),
         and, per run of `finishing`, what its close wrote (None: refused, the run was already
         closed or the lease is lost).
@@ -397,6 +399,7 @@ class Store:
                     "SELECT * FROM pgsched._claim_v2(%s, %s, %s, %s, %s)",
                     (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
                 )
+                while_waiting()
             rows = cur.fetchall()
             # psycopg hands _on_notify what it reads while it waits for results; a notification read
             # while the pipeline was still sending stays queued in libpq: taken here, by one rule.

@@ -134,3 +134,39 @@ def test_a_claim_that_took_nothing_after_its_own_close_hears_that_close(db: str,
         assert FREED in store.heard
     finally:
         store.close()
+
+
+def test_while_waiting_runs_while_the_claim_is_on_the_database(db: str, conn: Conn) -> None:
+    """The scheduler writes its held log records while its claim runs (pgsched.logs.HeldRecords): the
+    callback comes once the statements are sent, before their results. Here the claim waits for the
+    keyed claims' advisory lock, which another session holds until the callback has seen it waiting;
+    a callback called after the results would come too late (the claim's lock_timeout, 1 s, ends it)."""
+    store = Store(db, DbClock())
+    holder = psycopg.connect(db, autocommit=True)
+    seen: list[tuple[str, str]] = []
+    try:
+        conn.execute(SETUP_SQL)
+        conn.execute("SELECT pgsched.set_concurrency_limit('k', 1)")
+        job = conn.execute("SELECT pgsched.add_job('ok_fn', '1 hour', concurrency_key => 'k')").fetchone()
+        assert job is not None
+        conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second'")
+        instance = store.register_instance("h", 1, "test", 2)
+        holder.execute("SELECT pg_advisory_lock(7401295312)")
+
+        def while_waiting() -> None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                row = holder.execute("SELECT wait_event_type, query FROM pg_stat_activity WHERE pid = %s",
+                                     (store.conn.info.backend_pid,)).fetchone()
+                if row is not None and row[0] == "Lock":
+                    seen.append((row[0], row[1]))
+                    break
+                time.sleep(0.01)
+            holder.execute("SELECT pg_advisory_unlock(7401295312)")
+
+        claimed, _, _ = store.claim(instance, [(101, 0)], while_waiting=while_waiting)
+    finally:
+        store.close()
+        holder.close()
+    assert seen and "_claim_v2" in seen[0][1]
+    assert [c.job_id for c in claimed] == [job[0]]

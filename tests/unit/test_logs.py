@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import date
 
+import pytest
+
+from pgsched import logs
 from pgsched.logs import RUN_FIELDS, PgschedJsonFormatter
 
 
@@ -48,3 +52,54 @@ def test_non_ascii_and_non_json_values_are_written() -> None:
     line = PgschedJsonFormatter().format(rec)
     assert "überprüfung" in line
     assert json.loads(line)["when"] == "2026-03-29"
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_held_records_are_written_only_when_asked_in_order_with_the_time_they_were_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = logging.getLogger("pgsched.test_held")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    out = _Collect()
+    logger.addHandler(out)
+    clock = iter([100.0, 100.01, 100.02, 100.2])  # the records' creation times
+    wall = [0.0]
+
+    def tick() -> float:
+        wall[0] = next(clock)
+        return wall[0]
+    # LogRecord reads time.time() (time.time_ns() from Python 3.13 on): each call is the next instant.
+    monkeypatch.setattr(time, "time", tick)
+    monkeypatch.setattr(time, "time_ns", lambda: int(tick() * 1e9))
+    mono = [10.0]
+    monkeypatch.setattr(time, "monotonic", lambda: mono[0])
+    try:
+        held = logs.HeldRecords(logger)
+        assert not held.overdue()  # nothing held
+        held.info("run start job=%s", 1, extra={"run_id": 5})
+        held.info("run end job=%s", 1, extra={"run_id": 5, "outcome": "success"})
+        assert out.records == []
+        mono[0] = 10.0 + held.MAX_HOLD_S - 0.001
+        assert not held.overdue()
+        mono[0] = 10.0 + held.MAX_HOLD_S
+        assert held.overdue()
+        held.write()
+        assert [(r.getMessage(), r.created, r.__dict__["run_id"]) for r in out.records] == [
+            ("run start job=1", 100.0, 5), ("run end job=1", 100.01, 5)]
+        assert out.records[1].__dict__["outcome"] == "success" and out.records[0].levelno == logging.INFO
+        assert not held.overdue() and held.records == []
+        held.write()  # nothing more
+        assert len(out.records) == 2
+        logger.setLevel(logging.WARNING)  # --log-level warning: nothing is made, nothing held
+        held.info("run start job=%s", 2, extra={"run_id": 6})
+        assert held.records == []
+    finally:
+        logger.removeHandler(out)
