@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 
@@ -17,7 +18,7 @@ FAST = ("--shutdown-timeout", "1", "--crash-wait", "1")
 
 
 def test_plans_in_the_window_are_skipped_with_the_reason_and_the_job_runs_after_it(
-        db: str, serve: ServeFactory) -> None:
+        db: str, serve: ServeFactory, tmp_path: Path) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("CREATE TABLE public.ran (at timestamptz DEFAULT clock_timestamp())")
         now = c.execute("SELECT now() AS t").fetchone()
@@ -39,7 +40,11 @@ def test_plans_in_the_window_are_skipped_with_the_reason_and_the_job_runs_after_
     first_shown = datetime.fromisoformat(json.loads(shown.stdout)[0])
     assert first_shown.astimezone(UTC).minute not in (m, (m + 1) % 60, (m + 2) % 60), first_shown
 
-    s = serve(db, *FAST)
+    # Only the alter's NOTIFY may wake the scheduler for the removed window in time (below): its
+    # heartbeat, which reads the next due time too, and its safety re-read are 30 s apart.
+    conf = tmp_path / "slow-heartbeat.toml"
+    conf.write_text("heartbeat_interval = 30\ndead_after = 90\n")
+    s = serve(db, "--config", str(conf), *FAST)
     s.wait_log("ready:", 15)
 
     skipped = wait_for(lambda: query(db, "SELECT * FROM pgsched.job_history WHERE job_id = %s "
@@ -66,9 +71,13 @@ def test_plans_in_the_window_are_skipped_with_the_reason_and_the_job_runs_after_
 
     # Without the window it runs at once (the job is replanned).
     query(db, "SELECT job_id FROM pgsched.alter_job(%s, exclude => '')", (job,))
+    altered = query(db, "SELECT clock_timestamp() AS t")[0]["t"]  # after the alter's commit
     wait_for(lambda: query(db, "SELECT count(*) AS n FROM public.ran")[0]["n"] >= 2 or None, 10,
              "runs once the window is removed")
-    runs = query(db, "SELECT outcome, plan_time FROM pgsched.job_run WHERE job_id = %s", (job,))
+    runs = query(db, "SELECT outcome, plan_time, started_at FROM pgsched.job_run WHERE job_id = %s", (job,))
     assert {r["outcome"] for r in runs} <= {"skipped", "success", "running"}, runs
+    # At once: the next plan on its 1 s grid, woken by the NOTIFY (the heartbeat would be 30 s late).
+    first = min(r["started_at"] for r in runs if r["outcome"] != "skipped")
+    assert first - altered < timedelta(seconds=1.5), (altered, runs)
     # Replanned: it ran in what was the window, not from its end on.
     assert min(r["plan_time"] for r in runs if r["outcome"] == "success") < end_of_window, runs

@@ -134,6 +134,10 @@ def test_max_workers_caps_concurrency_and_most_overdue_starts_first(db: str, job
 
 
 def test_deleting_a_running_job_cancels_its_run(db: str, jobs: Conn) -> None:
+    # The delete's NOTIFY makes the scheduler cancel the run: nothing else in the test would within
+    # the bound (the heartbeat, whose lost lease would cancel it too, and the safety re-read are 30 s
+    # apart). The run's backend must stop running the job before the scheduler is stopped (which
+    # cancels every run): its query is the job's CALL.
     j = one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 30}')")
     deleted_at: list[float] = []
 
@@ -145,12 +149,12 @@ def test_deleting_a_running_job_cancels_its_run(db: str, jobs: Conn) -> None:
             deleted_at.append(float(backend))
         if deleted_at:
             gone = one(jobs, "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s "
-                             "AND query LIKE '%%pg_sleep%%')", int(deleted_at[1]))
+                             "AND state = 'active' AND query LIKE '%%nap%%')", int(deleted_at[1]))
             return bool(gone)
         return False
 
-    serve(db, delete_when_running)
-    assert deleted_at and time.monotonic() - deleted_at[0] < 5
+    serve(db, delete_when_running, safety_interval=30.0, heartbeat_interval=30.0, dead_after=90.0)
+    assert deleted_at and time.monotonic() - deleted_at[0] < 2
     assert one(jobs, "SELECT count(*) FROM pgsched.job_run") == 0
 
 
