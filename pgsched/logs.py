@@ -58,7 +58,8 @@ class HeldRecords:
     run, the largest part of its own work a run) are written while its claim is on the database
     or when it has nothing else to do, not between a worker's report and the next claim. A record
     keeps the time it was made, so its ts is the event's; it may be written after a record made
-    later (a warning of the same round)."""
+    later in the same round. A scheduler killed with -9 loses the records it held (at most a
+    round's)."""
 
     # Held longer than this, they are written even when the scheduler has more to do at once.
     MAX_HOLD_S = 0.05
@@ -81,9 +82,10 @@ class HeldRecords:
         return bool(self.records) and time.monotonic() >= self._since + self.MAX_HOLD_S
 
     def write(self) -> None:
-        records, self.records = self.records, []
-        for record in records:
-            self.logger.handle(record)
+        # One at a time off the front: a filter or handler that raises leaves the rest held.
+        records = self.records
+        while records:
+            self.logger.handle(records.pop(0))
 
 
 def setup(fmt: str = "text", level: str = "info") -> None:

@@ -94,8 +94,10 @@ class Scheduler(Requests):
                 self._wait()
             self._flush()
         finally:
-            self.held_records.write()
-            self._shutdown()
+            try:
+                self.held_records.write()
+            finally:
+                self._shutdown()
 
     # -- one round of work -------------------------------------------------------------
     def _tick(self) -> None:

@@ -375,8 +375,8 @@ class Store:
 
         Runs in `finishing` are closed first, in the same round trip and transaction (a pipeline
         without a sync between the two: if the close fails, nothing is claimed and the caller
-        keeps the batch). `while_waiting` is called once the statements are sent, while the
-        database runs them (their results come with the pipeline's end). Also returns when the next
+        keeps the batch). `while_waiting` is called once the statements and their commit are
+        sent, while the database runs them (their results come with the pipeline's end). Also returns when the next
         unclaimed job is due (None when nothing was claimed: the caller must ask next_due()),
         and, per run of `finishing`, what its close wrote (None: refused, the run was already
         closed or the lease is lost).
@@ -392,14 +392,22 @@ class Store:
         # queued. A claim that took nothing leaves the caller asking again anyway (dispatch).
         self._holding_own, self._held_own = bool(finishing), []
         try:
-            with self.conn.pipeline():
+            with self.conn.pipeline() as pipeline:
                 if finishing:
                     fin = self._close_cursor(finishing)
                 cur = self._execute(
                     "SELECT * FROM pgsched._claim_v2(%s, %s, %s, %s, %s)",
                     (instance_id, [w for w, _ in workers], [b for _, b in workers], ahead, self.code_modules),
                 )
-                while_waiting()
+                # The Sync goes before the caller's work: the server commits as soon as it is done,
+                # and holds none of the claim's locks (rows, the keyed claims' advisory lock) while
+                # the client writes its logs, however long a write blocks.
+                self._send_sync(pipeline)
+                try:
+                    while_waiting()
+                except Exception:
+                    # The claim is made: its runs must still reach their workers.
+                    log.exception("while the claim was on the database")
             rows = cur.fetchall()
             # psycopg hands _on_notify what it reads while it waits for results; a notification read
             # while the pipeline was still sending stays queued in libpq: taken here, by one rule.
@@ -415,6 +423,13 @@ class Store:
             self._anchor(rows[-1]["db_now"])
         closes = _closes(finishing, fin.fetchall() if fin is not None else [])
         return [_claimed_from_row(r) for r in rows], (rows[0]["next_due"] if rows else None), closes
+
+    def _send_sync(self, pipeline: psycopg.Pipeline) -> None:
+        """End the pipeline's transaction now, without waiting for its results (they come with the
+        pipeline's end, after a second, empty Sync). Pipeline.sync() would wait for them: this is
+        its first half, psycopg's own two steps (psycopg 3.1 to 3.3; a test fails if they change)."""
+        pipeline._enqueue_sync()
+        self.conn.wait(pipeline._communicate_gen())
 
     def take_over(self, instance_id: int, runs: Sequence[tuple[int, int]],
                   workers: Sequence[tuple[int, int]]) -> list[Claimed]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -372,3 +373,37 @@ def test_a_held_end_is_written_at_once_while_the_scheduler_has_nothing_else_to_d
     watcher.join()
     assert "written" in seen
     assert seen["written"] - seen.get("ended", seen["written"]) < 0.5
+
+
+def test_run_records_are_written_while_the_claims_are_on_the_database(db: str, jobs: Conn) -> None:
+    """Under load (jobs always due, workers short), a run's records are held and written while the
+    next claim is on the database (pgsched.logs.HeldRecords, Store.claim's while_waiting), not on the
+    scheduler's way to it; when it has nothing else to do, before it sleeps."""
+    for _ in range(8):
+        one(jobs, "SELECT add_job('hit', '1 millisecond', fixed_schedule => false)")
+    in_claim: list[bool] = []
+    holder: list[Scheduler] = []
+
+    class Where(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("run end"):
+                store = holder[0].store
+                in_claim.append(store is not None and
+                                store.conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF)
+
+    logger = logging.getLogger("pgsched.scheduler")
+    level = logger.level
+    where = Where()
+    logger.addHandler(where)
+    logger.setLevel(logging.INFO)
+    try:
+        sched = Scheduler(Settings(dsn=db, max_workers=2, crash_wait=1.0, safety_interval=0.2))
+        holder.append(sched)
+        deadline = time.monotonic() + 30
+        sched.run(until=lambda: len(in_claim) >= 200 or time.monotonic() > deadline)
+    finally:
+        logger.removeHandler(where)
+        logger.setLevel(level)
+    assert len(in_claim) >= 200
+    # Most: a run whose end comes when no worker is idle is written before the scheduler sleeps.
+    assert sum(in_claim) > len(in_claim) / 2, (sum(in_claim), len(in_claim))

@@ -140,7 +140,10 @@ def test_while_waiting_runs_while_the_claim_is_on_the_database(db: str, conn: Co
     """The scheduler writes its held log records while its claim runs (pgsched.logs.HeldRecords): the
     callback comes once the statements are sent, before their results. Here the claim waits for the
     keyed claims' advisory lock, which another session holds until the callback has seen it waiting;
-    a callback called after the results would come too late (the claim's lock_timeout, 1 s, ends it)."""
+    a callback called after the results would come too late (the claim's lock_timeout, 1 s, ends it).
+    And the claim's transaction is committed without waiting for the callback: its session goes idle
+    (a callback before the Sync would keep the claim's locks, the advisory lock too, as long as
+    it takes)."""
     store = Store(db, DbClock())
     holder = psycopg.connect(db, autocommit=True)
     seen: list[tuple[str, str]] = []
@@ -163,10 +166,19 @@ def test_while_waiting_runs_while_the_claim_is_on_the_database(db: str, conn: Co
                     break
                 time.sleep(0.01)
             holder.execute("SELECT pg_advisory_unlock(7401295312)")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                row = holder.execute("SELECT state, backend_xid FROM pg_stat_activity WHERE pid = %s",
+                                     (store.conn.info.backend_pid,)).fetchone()
+                if row is not None and row[0] == "idle":
+                    seen.append(("committed", str(row[1])))
+                    break
+                time.sleep(0.01)
 
         claimed, _, _ = store.claim(instance, [(101, 0)], while_waiting=while_waiting)
     finally:
         store.close()
         holder.close()
-    assert seen and "_claim_v2" in seen[0][1]
+    assert seen[0][0] == "Lock" and "_claim_v2" in seen[0][1]
+    assert seen[1:] == [("committed", "None")], seen
     assert [c.job_id for c in claimed] == [job[0]]

@@ -70,22 +70,19 @@ def test_held_records_are_written_only_when_asked_in_order_with_the_time_they_we
     logger.setLevel(logging.INFO)
     out = _Collect()
     logger.addHandler(out)
-    clock = iter([100.0, 100.01, 100.02, 100.2])  # the records' creation times
-    wall = [0.0]
-
-    def tick() -> float:
-        wall[0] = next(clock)
-        return wall[0]
-    # LogRecord reads time.time() (time.time_ns() from Python 3.13 on): each call is the next instant.
-    monkeypatch.setattr(time, "time", tick)
-    monkeypatch.setattr(time, "time_ns", lambda: int(tick() * 1e9))
+    wall = [100.0]
+    # LogRecord reads time.time() (time.time_ns() from Python 3.13 on).
+    monkeypatch.setattr(time, "time", lambda: wall[0])
+    monkeypatch.setattr(time, "time_ns", lambda: round(wall[0] * 1e9))
     mono = [10.0]
     monkeypatch.setattr(time, "monotonic", lambda: mono[0])
     try:
         held = logs.HeldRecords(logger)
         assert not held.overdue()  # nothing held
         held.info("run start job=%s", 1, extra={"run_id": 5})
+        wall[0] = 100.01
         held.info("run end job=%s", 1, extra={"run_id": 5, "outcome": "success"})
+        wall[0] = 200.0  # written later: each keeps the time it was made
         assert out.records == []
         mono[0] = 10.0 + held.MAX_HOLD_S - 0.001
         assert not held.overdue()
@@ -103,3 +100,5 @@ def test_held_records_are_written_only_when_asked_in_order_with_the_time_they_we
         assert held.records == []
     finally:
         logger.removeHandler(out)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
