@@ -182,3 +182,29 @@ def test_while_waiting_runs_while_the_claim_is_on_the_database(db: str, conn: Co
     assert seen[0][0] == "Lock" and "_claim_v2" in seen[0][1]
     assert seen[1:] == [("committed", "None")], seen
     assert [c.job_id for c in claimed] == [job[0]]
+
+
+def test_a_close_the_database_refuses_claims_nothing_and_leaves_the_session_usable(db: str, conn: Conn) -> None:
+    """The close and the claim are one transaction, its Sync sent before the caller's work: a close
+    that fails raises, claims nothing (the due job stays due), and the session takes the next claim."""
+    store = Store(db, DbClock())
+    try:
+        conn.execute(SETUP_SQL)
+        job = conn.execute("SELECT pgsched.add_job('ok_fn', '1 hour')").fetchone()
+        assert job is not None
+        conn.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 second'")
+        instance = store.register_instance("h", 1, "test", 2)
+        bad = Finish(run_id=1, outcome="no such outcome", sqlstate=None, message=None, next_start=None,
+                     finished_at=datetime.now(UTC), result=None)
+        try:
+            store.claim(instance, [(101, 0)], finishing=[bad], while_waiting=lambda: None)
+        except psycopg.Error as e:
+            refused: psycopg.Error | None = e
+        else:
+            refused = None
+        assert refused is not None
+        assert conn.execute("SELECT count(*) FROM pgsched.job_run").fetchone() == (0,)
+        claimed, _, _ = store.claim(instance, [(101, 0)])
+        assert [c.job_id for c in claimed] == [job[0]]
+    finally:
+        store.close()
