@@ -125,6 +125,7 @@ def test_a_running_instance_stops_when_a_later_release_drops_its_api(db: str, se
 
 def test_a_reconnecting_instance_checks_the_api_again(db: str, serve: ServeFactory) -> None:
     s = serve(db)
+    s.wait_log("ready:", 30)  # its start is over: the connection is lost in the loop, not in the start
     fake_api(db, NEWER, NEWER, "9.1.0")  # nothing it calls changed: it notices when it reconnects
     backend = query(db, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
                     (s.instance_id,))[0]["backend_pid"]
@@ -138,6 +139,10 @@ def test_a_reconnect_that_meets_an_sql_error_tries_again(db: str, serve: ServeFa
     this instance) fails a reconnect's statements: the instance tries again later, it does not
     end (with the runs it holds) over it."""
     s = serve(db)
+    # Its start is over (the loop logs "ready:"): a statement failing during the start ends the
+    # process, as it should, and the rename below once came before the start's first heartbeat
+    # (CI, PostgreSQL 18, a loaded host: 0.27 s after the instance was registered).
+    s.wait_log("ready:", 30)
     heartbeat = query(db, "SELECT 'pgsched._heartbeat'::regproc::regprocedure::text AS f")[0]["f"]
     execute(db, f"ALTER FUNCTION {heartbeat} RENAME TO _heartbeat_away")
     backend = query(db, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
