@@ -375,11 +375,11 @@ class Store:
 
         Runs in `finishing` are closed first, in the same round trip and transaction (a pipeline
         without a sync between the two: if the close fails, nothing is claimed and the caller
-        keeps the batch). `while_waiting` is called once the statements and their commit are
-        sent, while the database runs them (their results come with the pipeline's end). Also returns when the next
-        unclaimed job is due (None when nothing was claimed: the caller must ask next_due()),
-        and, per run of `finishing`, what its close wrote (None: refused, the run was already
-        closed or the lease is lost).
+        keeps the batch). `while_waiting` is called once both statements and their Sync are
+        sent, while the database runs them; their results are read after it. Also returns when
+        the next unclaimed job is due (None when nothing was claimed: the caller must ask
+        next_due()), and, per run of `finishing`, what its close wrote (None: refused, the run
+        was already closed or the lease is lost).
         """
         if not workers:
             return [], None, self.close_runs(finishing)
