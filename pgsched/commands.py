@@ -16,12 +16,21 @@ import click
 import psycopg
 
 from pgsched import __version__, migrate
-from pgsched.config import redact, resolve_dsn
+from pgsched.config import dsn_problem, redact, resolve_dsn
 from pgsched.errors import PgschedError, first_line
 from pgsched.settings import MAX_WORKER_SESSIONS
 
+
+def _checked_dsn(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--dsn (or PGSCHED_DSN, EnvCommand), refused before any use if libpq cannot parse it, with a
+    message that quotes none of it: it may hold a password."""
+    if value and (problem := dsn_problem(value)):
+        raise click.BadParameter(problem, ctx=ctx, param_hint="--dsn (or PGSCHED_DSN)")
+    return value
+
+
 dsn_option = click.option(
-    "--dsn", default=None,
+    "--dsn", default=None, callback=_checked_dsn,
     help="libpq connection string; default PGSCHED_DSN, then the libpq environment (PGHOST, PGDATABASE, ...).",
 )
 
@@ -195,6 +204,8 @@ def serve(dsn: str | None, max_workers: int | None, worker_sessions: int | None,
     cli_values["apps"] = apps
     try:
         target = resolve_dsn(dsn or opts.get("dsn"))  # type: ignore[arg-type]
+        if target and (problem := dsn_problem(target)):  # the --config file's dsn (--dsn is checked already)
+            raise click.BadParameter(problem, param_hint="dsn (--config)")
         if target is None:
             target = _embedded_dsn()
         if all_databases:

@@ -1,4 +1,4 @@
-"""Where the connection string comes from.
+"""Where the connection string comes from, and the search path of pgsched's own sessions.
 
 Order: an explicit --dsn, else PGSCHED_DSN, else the usual libpq environment
 (PGHOST, PGDATABASE, PGSERVICE, ... and service files), which an empty
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import psycopg.conninfo
 
@@ -26,6 +27,28 @@ def resolve_dsn(explicit: str | None, environ: Mapping[str, str] | None = None) 
         return env["PGSCHED_DSN"]
     if any(env.get(name) for name in LIBPQ_TARGET_VARS):
         return ""
+    return None
+
+
+def pin_search_path(conn: psycopg.Connection[Any]) -> None:
+    """Make `conn`, a session of pgsched's own (the scheduler's, the purge's, the metrics', init's),
+    resolve unqualified names in pg_catalog only. With the database's default path, a role that
+    may create in `public` could define, say, public.pg_cancel_backend(smallint): a better match
+    for a parameter psycopg sends as smallint than pg_catalog's (integer), so the scheduler would
+    run that role's function with its own rights. Not for the sessions a job runs in: its SQL
+    resolves names as its owner's sessions do."""
+    conn.execute("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)")
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why libpq cannot parse `dsn` (None: it can), in words that quote nothing of it: libpq's own
+    message echoes the offending token, which may be the password."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return ("not a valid connection string: give key=value pairs (host=db dbname=app user=pgsched; "
+                "a value with spaces in single quotes) or a URI (postgresql://user@host/dbname, with "
+                "special characters percent-encoded)")
     return None
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from pgsched.config import pin_search_path
 from pgsched.errors import ConfigError, first_line
 from pgsched.metrics import LoopMetrics
 
@@ -56,6 +57,7 @@ class CatalogReader:
                 if self.conn is None or self.conn.closed:
                     self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgsched metrics",
                                                 connect_timeout=5)
+                    pin_search_path(self.conn)
                 states = {str(s): int(n) for s, n in self.conn.execute(
                     "SELECT state, count(*) FROM pgsched.job_stat GROUP BY state")}
                 if sum(states.values()) > max_jobs:

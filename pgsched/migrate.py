@@ -35,6 +35,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from pgsched import __version__, api, compat
+from pgsched.config import pin_search_path
 from pgsched.errors import MigrationChecksumMismatch, SchemaVersionMismatch
 
 T = TypeVar("T")
@@ -297,6 +298,19 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True,
     pg_cron_compat installs the pg_cron compatibility schema (pgsched/compat.py), refused while
     the pg_cron extension is installed; once installed, every init re-applies it.
     """
+    # init runs as an administrator: no name in its files may resolve to `public`. The caller's
+    # session gets its own search path back.
+    row = conn.execute("SELECT pg_catalog.current_setting('search_path')").fetchone()
+    assert row is not None
+    pin_search_path(conn)
+    try:
+        return _init(conn, plpython=plpython, pg_cron_compat=pg_cron_compat)
+    finally:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("SELECT pg_catalog.set_config('search_path', %s, false)", (row[0],))
+
+
+def _init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool, pg_cron_compat: bool) -> InitResult:
     todo = migrations()
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_catalog.version()")

@@ -68,7 +68,7 @@ def installed_databases(dsn: str) -> list[str]:
         try:
             with psycopg.connect(database_dsn(dsn, name), autocommit=True, connect_timeout=5,
                                  application_name="pgsched launcher") as conn:
-                row = conn.execute("SELECT to_regclass('pgsched.migration') IS NOT NULL").fetchone()
+                row = conn.execute("SELECT pg_catalog.to_regclass('pgsched.migration') IS NOT NULL").fetchone()
         except psycopg.Error as e:
             log.debug("database %s skipped: %s", name, str(e).strip().splitlines()[0] if str(e) else e)
             continue
@@ -162,11 +162,14 @@ class Launcher:
                         "in %.0fs", name, code, ran, delay)
 
     def _spawn(self, name: str, workers: int) -> Child:
-        argv = [sys.executable, "-m", "pgsched", "serve", "--dsn", database_dsn(self.dsn, name),
+        argv = [sys.executable, "-m", "pgsched", "serve",
                 "--max-workers", str(workers), "--log-format", self.log_format, *self.serve_args]
         # Its own session: a signal to the launcher's terminal does not reach the children twice.
         # Without PGSCHED_ALL_DATABASES, which made this process a launcher and would make each child one.
+        # The DSN goes in the environment, not on the command line, which every local user can
+        # read (ps): it may hold a password.
         env = {k: v for k, v in os.environ.items() if k != "PGSCHED_ALL_DATABASES"}
+        env["PGSCHED_DSN"] = database_dsn(self.dsn, name)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True, env=env)
         assert proc.stderr is not None

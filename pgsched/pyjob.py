@@ -22,6 +22,7 @@ import psycopg
 import psycopg.types.json
 
 from pgsched import protocol
+from pgsched.config import pin_search_path
 from pgsched.protocol import Done
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class Heartbeat:
     def beat(self, run_id: int, lease_token: int | None) -> bool:
         if self.conn is None or self.conn.closed:
             self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgsched heartbeat")
+            pin_search_path(self.conn)
         row = self.conn.execute("SELECT pgsched._renew_lease(%s, %s)", (run_id, lease_token)).fetchone()
         return bool(row and row[0])
 

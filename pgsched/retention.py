@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from pgsched.config import redact
+from pgsched.config import pin_search_path, redact
 from pgsched.errors import first_line
 
 log = logging.getLogger("pgsched.retention")
@@ -112,6 +112,7 @@ class Purger:
             # A batch waits for no lock long: the rows it deletes are ended runs nobody writes, and
             # the instance rows it removes belong to stopped instances.
             self._conn.execute("SET lock_timeout = '1s'")
+            pin_search_path(self._conn)
         return self._conn
 
     def purge_if_turn(self) -> bool:

@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from pgsched import exclusion, migrate, schedule
 from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
+from pgsched.config import pin_search_path
 from pgsched.model import Job, JobSettings, Run
 from pgsched.schedule import Interval, Schedule
 from pgsched.state import AbandonedCause
@@ -179,6 +180,7 @@ class Store:
         self.conn: psycopg.Connection[dict[str, Any]] = psycopg.connect(
             dsn, autocommit=True, row_factory=dict_row, application_name=application_name
         )
+        pin_search_path(self.conn)
         # Our own job_stat writes must not wake us (or our peers) through NOTIFY.
         self.conn.execute("SET pgsched.internal = on")
         # The scheduler's own commits need not wait for the WAL flush: a job's commit is
@@ -211,7 +213,7 @@ class Store:
         # A standby refuses LISTEN (it cannot queue notifications): the scheduler
         # calls listen() when the server is promoted.
         self.listening = False
-        row = self.conn.execute("SELECT pg_is_in_recovery() AS r").fetchone()
+        row = self.conn.execute("SELECT pg_catalog.pg_is_in_recovery() AS r").fetchone()
         if not (row and row["r"]):
             self.listen()
         # Every call below is one autocommit statement, i.e. one transaction: counted
@@ -244,7 +246,7 @@ class Store:
         return migrate.check_version(self.conn)
 
     def in_recovery(self) -> bool:
-        row = self._execute("SELECT pg_is_in_recovery() AS r").fetchone()
+        row = self._execute("SELECT pg_catalog.pg_is_in_recovery() AS r").fetchone()
         return bool(row and row["r"])
 
     def arm_restart_jobs(self) -> int:
@@ -517,7 +519,7 @@ class Store:
         return {int(r["r"]) for r in rows}
 
     def cancel_backend(self, pid: int) -> bool:
-        row = self._execute("SELECT pg_cancel_backend(%s) AS ok", (pid,)).fetchone()
+        row = self._execute("SELECT pg_catalog.pg_cancel_backend(%s::integer) AS ok", (pid,)).fetchone()
         return bool(row and row["ok"])
 
     def take_upstreams(self, run_id: int) -> str | None:

@@ -735,8 +735,19 @@ BEGIN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
     END IF;
-    IF j.check_name IS NOT NULL AND (_alter_job.check_config IS NOT NULL OR given ? 'config'
-                                     OR _alter_job.config_merge IS NOT NULL) THEN
+    -- A check runs with the caller's rights: the one this call names, the caller chose; the one
+    -- stored, its owner chose, so it runs only in the owner's own session. Run by anyone else (an
+    -- administrator, even after SET ROLE to the owner: the check could RESET ROLE), it would be
+    -- the owner's code with that role's rights.
+    IF j.check_name IS NOT NULL AND _alter_job.check_config IS NULL
+       AND (given ? 'config' OR _alter_job.config_merge IS NOT NULL)
+       AND NOT (session_user = current_user
+                AND j.owner::oid = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)) THEN
+        RAISE NOTICE USING MESSAGE = format('check_config %I.%I not run: it runs only in a session of the '
+                                            'job''s owner, %s', j.check_schema, j.check_name, j.owner),
+            HINT = 'to check the new config, change it as the owner, or pass check_config in this call';
+    ELSIF j.check_name IS NOT NULL AND (_alter_job.check_config IS NOT NULL OR given ? 'config'
+                                        OR _alter_job.config_merge IS NOT NULL) THEN
         PERFORM pgsched._check_config(format('%I.%I', j.check_schema, j.check_name)::regproc, s.config);
     END IF;
     IF s.job_name IS DISTINCT FROM old.job_name

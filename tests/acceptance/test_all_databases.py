@@ -79,6 +79,12 @@ def test_one_launcher_runs_every_database_fairly_and_follows_the_cluster(cluster
         # One instance per database, each with its half of the 4 workers.
         assert [i["max_workers"] for i in instances(cluster, "busy")] == [2]
         assert [i["max_workers"] for i in instances(cluster, "quiet")] == [2]
+        # Each scheduler has its DSN from the environment, not on the command line that every local
+        # user can read (a DSN may hold a password).
+        for name in ("busy", "quiet"):
+            for row in query(cluster.dsn(name), "SELECT pid FROM pgsched.instance WHERE stopped_at IS NULL"):
+                argv = Path(f"/proc/{row['pid']}/cmdline").read_bytes().split(b"\0")
+                assert b"--dsn" not in argv and not any(b"dbname=" in a for a in argv), argv
         # busy's six 3-second jobs every second would take every worker there is; quiet still runs each second.
         since = query(cluster.dsn("quiet"), "SELECT now()::text AS t")[0]["t"]
         time.sleep(6)

@@ -34,3 +34,20 @@ def test_a_fork_is_sent_what_changed_since_the_fork_server_started() -> None:
     applied = {**base, **{k: v for k, v in changes.items() if v is not None}}
     assert {k: v for k, v in applied.items() if changes.get(k, "") is not None} == wanted
     assert environ_changes(wanted, wanted) == {}
+
+
+@pytest.mark.parametrize(("args", "environ"), [
+    (["jobs", "--dsn", "postgresql://alice:S3cr%t!pw@localhost:5432/app"], {}),
+    (["status"], {"PGSCHED_DSN": "host=db password=top S3cr%t!pw"}),
+    (["serve", "--dsn", "host=db password='S3cr%t!pw"], {}),
+])
+def test_a_dsn_libpq_cannot_parse_is_refused_without_quoting_it(args: list[str], environ: dict[str, str]) -> None:
+    """libpq's own message quotes the token it could not parse, which may be the password."""
+    from click.testing import CliRunner
+
+    from pgsched.commands import main
+
+    result = CliRunner().invoke(main, args, env=environ)
+    assert result.exit_code == 2, result.output
+    assert "not a valid connection string" in result.output and "--dsn" in result.output
+    assert "S3cr" not in result.output
