@@ -397,6 +397,9 @@ def next_cmd(job: str | None, expr: str | None, timezone: str | None, count: int
             starts = upcoming.job_starts(row, now=now, n=count)
     except schedule.ScheduleError as e:
         raise click.BadParameter(str(e), param_hint="--schedule" if expr else "JOB") from None
+    except (OverflowError, ValueError) as e:  # datetime's own: a plan after the year 9999
+        where = "--schedule" if expr else "JOB"
+        raise click.BadParameter(f"its next starts fall beyond the year 9999 ({e})", param_hint=where) from None
     if as_json:
         render.emit_json(starts)
         return

@@ -9,11 +9,12 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 
 from pgsched import migrate
 from pgsched.config import redact
@@ -44,6 +45,25 @@ def scrub(text: str, dsn: str) -> str:
     return text.replace(str(password), "***") if password else text
 
 
+class _EdgeTimestamptzLoader(TimestamptzLoader):
+    """timestamptz as datetime, with 'infinity' and times beyond datetime's years (rows written
+    by hand: alter_job refuses them, and the scheduler disables such a job) read as datetime's
+    first or last instant instead of an error that fails the whole listing."""
+
+    def load(self, data: Any) -> datetime:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            early = text.startswith(b"-") or text.endswith(b" BC")
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+def tolerate_edge_times(conn: Conn) -> None:
+    """Read any timestamptz on `conn` (an operator's: the CLI's, the dashboard's) without failing."""
+    conn.adapters.register_loader("timestamptz", _EdgeTimestamptzLoader)
+
+
 @contextmanager
 def connect(dsn: str) -> Iterator[Conn]:
     """A connection for one command, after checking that the schema serves this pgsched."""
@@ -53,6 +73,7 @@ def connect(dsn: str) -> Iterator[Conn]:
     except psycopg.Error as e:
         raise Unreachable(scrub(f"cannot connect to {redact(dsn) or 'the default database'}: {first_line(e)}",
                                 dsn)) from None
+    tolerate_edge_times(conn)
     with conn:
         migrate.check_version(conn)
         yield conn

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from pgsched import migrate
 from pgsched.errors import PgschedError, first_line
-from pgsched.ops.query import Conn
+from pgsched.ops.query import Conn, tolerate_edge_times
 
 COOKIE = "pgsched_session"
 LOGIN_COOKIE = "pgsched_signin"
@@ -63,6 +63,7 @@ def open_connection(dsn: str, role: str | None = None, password: str | None = No
     params.setdefault("connect_timeout", 10)
     conn: Conn = psycopg.connect(autocommit=True, row_factory=dict_row, application_name="pgsched web",
                                  **{k: v for k, v in params.items() if v is not None})
+    tolerate_edge_times(conn)
     try:
         if statement_timeout is not None:
             conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, false)", (statement_timeout,))

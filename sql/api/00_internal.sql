@@ -129,6 +129,29 @@ BEGIN
 END
 $$;
 
+-- Whether a plan at `t` can be computed with: finite, from the year 1 to 9998 (a plan after it
+-- could not be followed by the next one in Python's datetime, which ends in 9999).
+CREATE OR REPLACE FUNCTION pgsched._plannable(t timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN t IS NOT NULL AND t >= timestamptz '0001-01-02 00:00:00+00' AND t < timestamptz '9999-01-01 00:00:00+00';
+
+CREATE OR REPLACE FUNCTION pgsched._plannable_form()
+RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+RETURN 'a finite time from the year 1 to 9998, such as ''2026-12-01 03:00+00''';
+
+-- t + iv, or 'infinity' where that is beyond what timestamptz holds (an error otherwise).
+CREATE OR REPLACE FUNCTION pgsched._plus(t timestamptz, iv interval)
+RETURNS timestamptz LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN t + iv;
+EXCEPTION WHEN datetime_field_overflow OR numeric_value_out_of_range OR interval_field_overflow THEN
+    RETURN 'infinity';
+END
+$$;
+
 -- Does the text have the shape of a cron expression (as opposed to an interval
 -- literal)? Mirrors pgsched.schedule.looks_like_cron.
 CREATE OR REPLACE FUNCTION pgsched._is_cron(expr text)

@@ -327,6 +327,15 @@ BEGIN
     END IF;
     iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
     PERFORM pgsched._check_timezone(s.timezone);
+    -- Plans are instants the scheduler and the cron code compute with: finite, within the years
+    -- Python's datetime has (a later one would disable the job at its first plan).
+    IF s.initial_start IS NOT NULL AND NOT pgsched._plannable(s.initial_start) THEN
+        PERFORM pgsched._bad_arg('initial_start', format('%s', s.initial_start), pgsched._plannable_form());
+    END IF;
+    IF iv IS NOT NULL AND NOT pgsched._plannable(pgsched._plus(coalesce(s.initial_start, pg_catalog.now()), iv)) THEN
+        PERFORM pgsched._bad_arg('schedule', format('%L: its next plan would fall after the year 9998', s.schedule),
+                                 'an interval such as ''5 minutes'' or ''1 year'' whose plans fall before the year 9999');
+    END IF;
     IF iv IS NULL AND btrim(s.schedule) NOT IN ('@restart', '@after') THEN
         PERFORM pgsched._check_schedule_exact(s.schedule, s.timezone);
     END IF;
@@ -704,10 +713,21 @@ BEGIN
     IF s.scope_query = '' THEN
         s.scope_query := NULL;
     END IF;
+    IF _alter_job.next_start IS NOT NULL AND NOT pgsched._plannable(_alter_job.next_start) THEN
+        PERFORM pgsched._bad_arg('next_start', format('%s', _alter_job.next_start),
+                                 pgsched._plannable_form() || ' (to stop a job from running, alter_job(job_id, '
+                                 || 'scheduled => false))');
+    END IF;
     IF _alter_job.config_merge IS NOT NULL THEN
         IF jsonb_typeof(_alter_job.config_merge) <> 'object' THEN
             PERFORM pgsched._bad_arg('config_merge', format('%s is not an object', _alter_job.config_merge),
                                      'a jsonb object whose keys replace those of config');
+        END IF;
+        IF jsonb_typeof(coalesce(s.config, '{}'::jsonb)) <> 'object' THEN
+            PERFORM pgsched._bad_arg('config_merge', format('the job''s config %s is not an object to merge into',
+                                                            s.config),
+                                     'given only for a job whose config is an object (or NULL); replace a config '
+                                     || 'of another kind with config');
         END IF;
         s.config := coalesce(s.config, '{}'::jsonb) || _alter_job.config_merge;
     END IF;

@@ -228,6 +228,26 @@ CASES: list[Bad] = [
     Bad("unschedule missing id", "SELECT unschedule(999)", "42704", "999"),
     Bad("unschedule huge id", "SELECT unschedule(99999999999)", "42704", "99999999999"),
     Bad("unschedule NULL id", "SELECT unschedule(NULL::bigint)", "22004", "job_id"),
+    # times a plan cannot be computed with: not finite, or beyond Python's datetime
+    Bad("initial_start infinity", "SELECT add_job('ok_fn', '1 hour', initial_start => 'infinity')", "22023",
+        "initial_start"),
+    Bad("initial_start -infinity", "SELECT add_job('ok_fn', '1 hour', initial_start => '-infinity')", "22023",
+        "initial_start"),
+    Bad("initial_start after 9999", "SELECT add_job('ok_fn', '1 hour', initial_start => '294276-12-31 00:00+00')",
+        "22023", "initial_start"),
+    Bad("interval beyond 9999", "SELECT add_job('ok_fn', '178000000 years')", "22023", "schedule"),
+    Bad("interval beyond 9999, not fixed", "SELECT add_job('ok_fn', '100000 years', fixed_schedule => false)",
+        "22023", "schedule"),
+    Bad("alter interval beyond 9999", "SELECT * FROM alter_job(1000, schedule_interval => '8000 years')", "22023",
+        "schedule"),
+    Bad("alter initial_start infinity", "SELECT * FROM alter_job(1000, initial_start => 'infinity')", "22023",
+        "initial_start"),
+    Bad("alter next_start infinity", "SELECT * FROM alter_job(1000, next_start => 'infinity')", "22023",
+        "next_start"),
+    Bad("alter next_start -infinity", "SELECT * FROM alter_job(1000, next_start => '-infinity')", "22023",
+        "next_start"),
+    Bad("alter next_start after 9999", "SELECT * FROM alter_job(1000, next_start => '294276-12-31 00:00+00')",
+        "22023", "next_start"),
 ]
 
 
@@ -257,3 +277,14 @@ def test_bad_input_is_rejected_and_writes_nothing(existing: Conn, case: Bad) -> 
 def test_good_cron_is_accepted(api: Conn, expr: str) -> None:
     job_id = add_job(api, "'ok_fn', %s", (expr,))
     assert job_id == 1000
+
+
+def test_config_merge_into_a_config_that_is_not_an_object_is_refused(api: Conn) -> None:
+    """jsonb's || would make an array of the two: [1, 2, {"a": 1}]."""
+    job = add_job(api, "'ok_fn', '1 hour', config => '[1, 2]'")
+    before = snapshot(api)
+    with pytest.raises(psycopg.Error) as e:
+        api.execute("SELECT * FROM alter_job(%s, config_merge => '{\"a\": 1}')", (job,))
+    assert e.value.sqlstate == "22023" and "config_merge" in (e.value.diag.message_primary or "")
+    assert e.value.diag.message_hint
+    assert snapshot(api) == before

@@ -40,3 +40,31 @@ def test_failing_jobs_by_one_rule_and_not_a_run_in_progress(api: Conn, db: str) 
     with psycopg.connect(db, autocommit=True, row_factory=dict_row) as reader:
         assert [r["job_id"] for r in query.jobs(reader, failing=True)] == [bad, crashed, running_after_crash]
         assert {r["job_id"] for r in dashboard.problems(reader)} == {bad, crashed, running_after_crash, paused}
+
+
+def test_a_next_start_written_by_hand_beyond_any_date_does_not_fail_the_listings(api: Conn, db: str) -> None:
+    """alter_job refuses 'infinity' and years past 9999, but a superuser's UPDATE can still write them
+    (the scheduler then disables that job): `pgsched jobs`, `next` and `status` still read the rest."""
+    from click.testing import CliRunner
+
+    from pgsched.commands import main
+
+    jobs = [add_job(api, "'ok_fn', '1 hour'") for _ in range(3)]
+    api.execute("SET pgsched.internal = on")
+    for job, when in zip(jobs, ("infinity", "-infinity", "294276-12-31 00:00+00"), strict=True):
+        api.execute("UPDATE pgsched.job_stat SET next_start = %s::timestamptz WHERE job_id = %s", (when, job))
+    api.execute("RESET pgsched.internal")
+    with query.connect(db) as conn:
+        listed = {r["job_id"]: r["next_start"] for r in query.jobs(conn)}
+    assert {listed[j].year for j in jobs} == {9999, 1}
+    runner = CliRunner()
+    for args in (["jobs"], ["jobs", "--json"]):
+        result = runner.invoke(main, [*args, "--dsn", db])
+        assert result.exit_code == 0 and "Error" not in result.output, (args, result.output)
+    # That job's own next starts cannot be computed: said, about JOB
+    result = runner.invoke(main, ["next", str(jobs[0]), "--dsn", db])
+    assert result.exit_code == 2 and "Invalid value for JOB" in result.output, result.output
+    # No scheduler runs here (exit 2 for that), but the database was read, not "unreachable"
+    status = runner.invoke(main, ["status", "--dsn", db])
+    assert "out of range" not in status.output and "too large" not in status.output, status.output
+    assert "no live scheduler instance" in status.output and "failing jobs" in status.output, status.output

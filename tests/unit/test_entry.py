@@ -51,3 +51,13 @@ def test_a_dsn_libpq_cannot_parse_is_refused_without_quoting_it(args: list[str],
     assert result.exit_code == 2, result.output
     assert "not a valid connection string" in result.output and "--dsn" in result.output
     assert "S3cr" not in result.output
+
+
+def test_next_of_a_schedule_beyond_the_year_9999_is_a_usage_error() -> None:
+    from click.testing import CliRunner
+
+    from pgsched.commands import main
+
+    result = CliRunner().invoke(main, ["next", "--schedule", "178000000 years"])
+    assert result.exit_code == 2, result.output
+    assert "--schedule" in result.output and "9999" in result.output and "Traceback" not in result.output
