@@ -165,6 +165,9 @@ def _embedded_dsn() -> str:
               help="Default info.")
 @click.option("--http", default=None, metavar="HOST:PORT",
               help="Serve /metrics (Prometheus), /healthz and /readyz here (needs pgsched[http]); off by default.")
+@click.option("--metrics-dsn", default=None, callback=_checked_dsn,
+              help="With --http: read the catalog's series of /metrics as this DSN's role, under row-level "
+                   "security (default: the scheduler's, which sees every job).")
 @click.option("--metrics-max-jobs", type=click.IntRange(0), default=None,
               help="Above this many jobs, /metrics leaves out the per-job series (default 1000).")
 @click.option("--all-databases", is_flag=True, default=False,
@@ -173,7 +176,8 @@ def _embedded_dsn() -> str:
 @app_option
 def serve(dsn: str | None, max_workers: int | None, worker_sessions: int | None, shutdown_timeout: float | None,
           crash_wait: float | None, config_file: str | None, log_format: str | None, log_level: str | None,
-          http: str | None, metrics_max_jobs: int | None, all_databases: bool, apps: tuple[str, ...]) -> None:
+          http: str | None, metrics_dsn: str | None, metrics_max_jobs: int | None, all_databases: bool,
+          apps: tuple[str, ...]) -> None:
     """Run the scheduler for one database (an embedded local PostgreSQL when no DSN is configured)."""
     from pgsched import forkserver, launcher, logs
     from pgsched.config import read_serve_options, read_settings_file
@@ -227,7 +231,7 @@ def serve(dsn: str | None, max_workers: int | None, worker_sessions: int | None,
         if http:
             from pgsched.httpd import start_http
 
-            server = start_http(http, scheduler)
+            server = start_http(http, scheduler, metrics_dsn)
         scheduler.install_signal_handlers()
         try:
             scheduler.run()

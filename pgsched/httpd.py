@@ -43,7 +43,10 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class CatalogReader:
-    """The catalog's numbers for a scrape, on a connection of the HTTP thread (re-opened when lost)."""
+    """The catalog's numbers for a scrape, on a connection of the HTTP thread (re-opened when lost),
+    read through pgsched.job_stats (security_invoker): the jobs the connection's role may see, under
+    the same row-level security as every other view. With the scheduler's DSN that is every job;
+    serve --metrics-dsn names a role that sees fewer."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
@@ -59,13 +62,12 @@ class CatalogReader:
                                                 connect_timeout=5)
                     pin_search_path(self.conn)
                 states = {str(s): int(n) for s, n in self.conn.execute(
-                    "SELECT state, count(*) FROM pgsched.job_stat GROUP BY state")}
+                    "SELECT state, count(*) FROM pgsched.job_stats GROUP BY state")}
                 if sum(states.values()) > max_jobs:
                     return states, None
                 last = [(int(j), str(name), float(t)) for j, name, t in self.conn.execute(
-                    "SELECT s.job_id, j.job_name, extract(epoch FROM s.last_successful_finish)::float8 "
-                    "  FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id "
-                    " WHERE s.last_successful_finish IS NOT NULL ORDER BY s.job_id")]
+                    "SELECT job_id, job_name, extract(epoch FROM last_successful_finish)::float8 "
+                    "  FROM pgsched.job_stats WHERE last_successful_finish IS NOT NULL ORDER BY job_id")]
                 return states, last
             except psycopg.Error as e:
                 log.warning("metrics: cannot read the catalog: %s", first_line(e))
@@ -174,15 +176,16 @@ class HttpServer:
         self.catalog.close()
 
 
-def start_http(address: str, sched: LoopState) -> HttpServer:
-    """Serve /metrics, /healthz and /readyz on `address` for this scheduler; turns its metrics on."""
+def start_http(address: str, sched: LoopState, catalog_dsn: str | None = None) -> HttpServer:
+    """Serve /metrics, /healthz and /readyz on `address` for this scheduler; turns its metrics on.
+    The catalog's series are read as `catalog_dsn`'s role (default: the scheduler's)."""
     try:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
     except ImportError:
         raise ConfigError("--http needs prometheus-client: pip install 'pgsched[http]'") from None
     host, port = parse_address(address)
     sched.metrics = LoopMetrics()
-    catalog = CatalogReader(sched.settings.dsn)
+    catalog = CatalogReader(catalog_dsn or sched.settings.dsn)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Exporter(sched, catalog))
 

@@ -22,7 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pgsched.errors import ConfigError
 from pgsched.httpd import HttpServer, parse_address, start_http
 from pgsched.scheduler import Scheduler, Settings
+from tests.conftest import PgServer
 from tests.integration.test_scheduler import Conn, one, runs_of
+from tests.integration.test_security import cluster_roles, dsn_as
 
 
 @dataclass
@@ -45,10 +47,10 @@ class Served:
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def serving(db: str, **settings: Any) -> Iterator[Served]:
+def serving(db: str, catalog_dsn: str | None = None, **settings: Any) -> Iterator[Served]:
     opts: dict[str, Any] = {"max_workers": 3, "crash_wait": 1.0, "safety_interval": 0.2, **settings}
     sched = Scheduler(Settings(dsn=db, **opts))
-    server = start_http("127.0.0.1:0", sched)
+    server = start_http("127.0.0.1:0", sched, catalog_dsn)
     stop = threading.Event()
     t = threading.Thread(target=sched.run, kwargs={"until": stop.is_set})
     t.start()
@@ -115,6 +117,23 @@ def test_per_job_series_stop_above_the_cap(db: str, jobs: Conn) -> None:
         assert s[("pgsched_job_series_exported", ())] == 0
         assert not any(k[0] == "pgsched_job_last_success_timestamp_seconds" for k in s)
         assert s[("pgsched_jobs", (("state", "scheduled"),))] + s[("pgsched_jobs", (("state", "starting"),))] == 3
+
+
+def test_the_catalog_series_are_read_under_row_level_security(db: str, jobs: Conn, pg_server: PgServer) -> None:
+    """serve --metrics-dsn: the jobs by state and the per-job series are those its role sees, as in
+    every view; the scheduler's own counters are this instance's, whoever reads."""
+    job = one(jobs, "SELECT add_job('hit', '100 milliseconds', job_name => 'not_yours')")
+    with cluster_roles(pg_server, ("reader",)) as names:
+        for served in serving(db, catalog_dsn=dsn_as(db, names["reader"])):
+            wait(lambda: runs_of(jobs, job, "success") >= 2)
+            wait(lambda w=served: w.samples()[("pgsched_runs_total", (("outcome", "success"),))] >= 2)
+            s = served.samples()
+            assert not any(k[0] == "pgsched_job_last_success_timestamp_seconds" for k in s)
+            assert sum(v for k, v in s.items() if k[0] == "pgsched_jobs") == 0
+            assert s[("pgsched_job_series_exported", ())] == 1
+    for served in serving(db):  # the scheduler's role sees it
+        wait(lambda w=served: any(k[0] == "pgsched_job_last_success_timestamp_seconds"
+                                  and ("job_name", "not_yours") in k[1] for k in w.samples()))
 
 
 def test_health_and_readiness_follow_the_loop(served: Served) -> None:
