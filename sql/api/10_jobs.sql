@@ -357,16 +357,20 @@ BEGIN
         PERFORM pgsched._bad_arg('max_runtime', format('%s is not positive', s.max_runtime),
                                  'a positive interval, or NULL for no limit');
     END IF;
+    -- NULL is 22004 (a value is required), as for every other setting
     IF s.max_retries IS NULL OR s.max_retries < -1 THEN
         PERFORM pgsched._bad_arg('max_retries', coalesce(s.max_retries::text, 'NULL'),
-                                 '-1 (unlimited), 0 or a positive number');
+                                 '-1 (unlimited), 0 or a positive number',
+                                 CASE WHEN s.max_retries IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     IF s.retry_period IS NULL OR s.retry_period <= interval '0' THEN
-        PERFORM pgsched._bad_arg('retry_period', coalesce(s.retry_period::text, 'NULL'), 'a positive interval');
+        PERFORM pgsched._bad_arg('retry_period', coalesce(s.retry_period::text, 'NULL'), 'a positive interval',
+                                 CASE WHEN s.retry_period IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     IF s.catch_up IS NULL OR s.catch_up NOT IN ('latest', 'all', 'none') THEN
         PERFORM pgsched._bad_arg('catch_up', coalesce(quote_literal(s.catch_up), 'NULL'),
-                                 'one of ''latest'', ''all'', ''none''');
+                                 'one of ''latest'', ''all'', ''none''',
+                                 CASE WHEN s.catch_up IS NULL THEN '22004' ELSE '22023' END);
     END IF;
     IF s.max_plans_per_tick IS NULL THEN
         PERFORM pgsched._bad_arg('max_plans_per_tick', 'NULL', 'a whole number of at least 1', '22004');
@@ -936,6 +940,9 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     id integer;
 BEGIN
+    IF unschedule.job_name IS NULL THEN
+        PERFORM pgsched._bad_arg('job_name', 'NULL', 'the name of one of your jobs, or a job id', '22004');
+    END IF;
     DELETE FROM pgsched.job j WHERE j.owner = current_user::regrole AND j.job_name = unschedule.job_name
     RETURNING j.job_id INTO id;
     IF id IS NULL THEN
