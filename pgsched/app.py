@@ -353,7 +353,9 @@ def job(
             raise JobDeclarationError(f"{fn}: exclude must be {exclusion.FORM}, or None, not {exclude!r}")
         if exclude is not None:
             try:
-                exclusion.parse(exclude)
+                excluded_minutes = exclusion.parse(exclude)
+                if cron is not None:  # as SQL's _check_settings, which the declaration reaches at sync
+                    exclusion.check_pair(schedule.parse_cron(cron), excluded_minutes)
             except schedule.ScheduleError as e:
                 raise JobDeclarationError(f"{fn}: {e}") from None
         if history not in HISTORY_LEVELS:

@@ -242,7 +242,7 @@ def _check_possible(c: Cron) -> None:
     # months is finite, so it is checked exactly.
     never = ScheduleError("schedule", f"cron expression '{c.expr}' can never fire (no such day); {_FORMS}")
     if c.years is not None:
-        if not any(_day_list(c, y, m) for y in c.years for m in c.months):
+        if not any(day_list(c, y, m) for y in c.years for m in c.months):
             raise never
     elif (c.dom_any or c.dow_any) and not c.last_day and not any(
         c.days and c.days[0] <= _MAX_MDAYS[m] for m in c.months
@@ -250,8 +250,11 @@ def _check_possible(c: Cron) -> None:
         raise never
 
 
-def _day_list(c: Cron, y: int, m: int) -> list[int]:
+def day_list(c: Cron, y: int, m: int) -> list[int]:
+    """The days of month ``m`` of year ``y`` that ``c``'s day fields match (its months not looked at)."""
     n = month_days(y, m)
+    if len(c.days) == 31 and len(c.weekdays) == 7 and (c.dom_any or c.dow_any):
+        return list(range(1, n + 1))  # both fields match every day: the common '* *', without sets
     dom = {d for d in c.days if d <= n}
     if c.last_day:
         dom.add(n)
@@ -272,7 +275,7 @@ def _day_list(c: Cron, y: int, m: int) -> list[int]:
 def matches_minute(c: Cron, wall: datetime) -> bool:
     """Whether the local wall time's minute matches `c` (its seconds and years are not looked at)."""
     return (wall.minute in c.minutes and wall.hour in c.hours and wall.month in c.months
-            and wall.day in _day_list(c, wall.year, wall.month))
+            and wall.day in day_list(c, wall.year, wall.month))
 
 
 def _next_wall(c: Cron, lb: datetime, ylimit: int) -> datetime | None:
@@ -295,7 +298,7 @@ def _next_wall(c: Cron, lb: datetime, ylimit: int) -> datetime | None:
             continue
         if c.months[i] != mo:
             mo, d, h, mi, s = c.months[i], 1, 0, 0, 0
-        days = _day_list(c, y, mo)
+        days = day_list(c, y, mo)
         i = bisect_left(days, d)
         if i == len(days):
             mo, d, h, mi, s = mo + 1, 1, 0, 0, 0

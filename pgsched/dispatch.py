@@ -274,7 +274,9 @@ class Dispatch(LoopState):
                          consecutive_crashes=run.consecutive_crashes, message=None, rng=self.rng)
         message = f"plan in an excluded minute (exclude '{job.exclude}')"
         count, last = end.excluded
-        if count:
+        if count and end.excluded_more:
+            message += f"; at least {count} later plan(s) too, the last counted at {last.isoformat() if last else '?'}"
+        elif count:
             message += f"; the {count} later plan(s) up to {last.isoformat() if last else '?'} too"
         self._close_skipped(run, end, message, now, excluded=count)
 

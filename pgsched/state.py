@@ -108,6 +108,8 @@ class RunEnd:
     skipped: tuple[int, datetime | None, datetime | None] = (0, None, None)
     # A plan skipped by the exclusion window: the further excluded plans passed over with it (count, last).
     excluded: tuple[int, datetime | None] = (0, None)
+    # There were more of them than counted (a cron schedule's are counted up to a limit): last is the last counted.
+    excluded_more: bool = False
 
 
 def end_of_run(
@@ -154,10 +156,9 @@ def _past_window(job: Job, *, plan_time: datetime, finish: datetime) -> RunEnd:
         return RunEnd(Outcome.SKIPPED, None, JobState.DISABLED, unusable(e))
     if passed.plan is None:
         return RunEnd(Outcome.SKIPPED, None, JobState.DISABLED,
-                      f"exclude '{job.exclude}' leaves the schedule no start in the next "
-                      f"{exclusion.MAX_MINUTES} minutes")
-    return _delayed(RunEnd(Outcome.SKIPPED, passed.plan, JobState.SCHEDULED, excluded=(passed.count, passed.last)),
-                    job.schedule_delay)
+                      f"exclude '{job.exclude}' leaves the schedule no start: {passed.why}")
+    return _delayed(RunEnd(Outcome.SKIPPED, passed.plan, JobState.SCHEDULED,
+                           excluded=(passed.count, passed.last), excluded_more=passed.more), job.schedule_delay)
 
 
 def after_crash(s: schedule.Schedule, *, plan_time: datetime, now: datetime, crashes: int,

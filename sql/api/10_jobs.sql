@@ -284,6 +284,44 @@ BEGIN
 END
 $$;
 
+-- pgsched.exclusion.leaves_no_start (the reference; its docstring says why this is exact):
+-- whether every wall-clock minute in which the cron schedule fires is in the exclusion window.
+-- Some minute or hour of the schedule's outside the window's is a way out on every day it
+-- fires; otherwise only a day it fires on that the window does not name is. Days are compared
+-- over the schedule's own years, or, without a year field, over one year for each (month,
+-- weekday of the 1st, length) of 2000-2027: the month shapes that decide which days match.
+CREATE OR REPLACE FUNCTION pgsched._exclude_leaves_no_start(schedule text, exclude text)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c record;
+    w record;
+    ym record;
+BEGIN
+    SELECT * INTO c FROM pgsched._cron_parse(schedule);
+    SELECT * INTO w FROM pgsched._cron_parse(exclude);
+    IF NOT (c.minutes <@ w.minutes AND c.hours <@ w.hours) THEN
+        RETURN false;
+    END IF;
+    FOR ym IN
+        SELECT y, m FROM unnest(c.years) y, unnest(c.months) m
+        UNION ALL
+        SELECT DISTINCT ON (m, extract(dow FROM make_date(y, m, 1)),
+                            make_date(y, m, 1) + interval '1 month' - interval '1 day') y, m
+          FROM generate_series(2000, 2027) y, unnest(c.months) m WHERE c.years IS NULL
+    LOOP
+        IF EXISTS (SELECT 1 FROM unnest(pgsched._cron_day_list(c.days, c.weekdays, c.last_day, c.nth, c.lasts,
+                                                               c.dom_any, c.dow_any, ym.y, ym.m)) d
+                   WHERE NOT (ym.m = ANY (w.months)
+                              AND d = ANY (pgsched._cron_day_list(w.days, w.weekdays, w.last_day, w.nth, w.lasts,
+                                                                  w.dom_any, w.dow_any, ym.y, ym.m)))) THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END
+$$;
+
 -- Check a whole set of settings; returns the schedule's interval (NULL for a cron expression).
 -- Every entry point checks here, so the checks cannot drift apart.
 --
@@ -447,12 +485,18 @@ BEGIN
             -- The parser names the argument 'schedule'; this one is exclude.
             PERFORM pgsched._bad_arg('exclude', regexp_replace(SQLERRM, '^invalid schedule: ', ''), exclude_form);
         END;
-        -- The rule of pgsched.exclusion.covers_every_minute: such a job would never run.
-        IF cardinality(excl.minutes) = 60 AND cardinality(excl.hours) = 24 AND cardinality(excl.months) = 12
-           AND ((excl.dom_any AND excl.dow_any) OR cardinality(excl.days) = 31
-                OR cardinality(excl.weekdays) = 7) THEN
+        -- pgsched.exclusion.covers_every_minute and check_pair: a window that leaves the job no
+        -- start would only have the scheduler search for one. A window of every minute leaves
+        -- any schedule none; one that takes every minute a cron schedule fires in, that one.
+        -- (An interval schedule's plans depend on its origin and runs; the scheduler disables
+        -- such a job at its first excluded plan, pgsched.exclusion.next_allowed.)
+        IF pgsched._exclude_leaves_no_start('* * * * *', s.exclude) THEN
             PERFORM pgsched._bad_arg('exclude', format('%L excludes every minute: the job would never run',
                                                        s.exclude), exclude_form);
+        ELSIF iv IS NULL AND btrim(s.schedule) NOT IN ('@restart', '@after')
+              AND pgsched._exclude_leaves_no_start(s.schedule, s.exclude) THEN
+            PERFORM pgsched._bad_arg('exclude', format('%L leaves schedule %L no start: every minute in which it '
+                                                       || 'fires is excluded', s.exclude, s.schedule), exclude_form);
         END IF;
     END IF;
     IF s.database IS NOT NULL AND check_database THEN

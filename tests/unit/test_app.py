@@ -119,6 +119,8 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "exclude": "@daily"}, "invalid exclude"),
     ({"every": "1 minute", "exclude": "* * * * *"}, "excludes every minute"),
     ({"every": "1 minute", "exclude": "0 0 31 2 *"}, "invalid exclude: .*can never fire"),
+    ({"cron": "30 10 * * *", "exclude": "* 10 * * *"}, "invalid exclude: '\\* 10 \\* \\* \\*' leaves schedule "
+                                                       "'30 10 \\* \\* \\*' no start"),
     ({"every": "1 minute", "exclude": 2}, "exclude must be a cron expression of 5 fields"),
     ({"every": "1 minute", "jitter": timedelta(seconds=-1)}, "jitter must be a duration from 0 up to 1 day"),
     ({"every": "1 minute", "jitter": "1 month"}, "jitter must be .*no months"),
