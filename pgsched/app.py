@@ -245,6 +245,35 @@ def _check_signature(func: Callable[..., Any], fn: str) -> None:
             f"(def {func.__name__}(run: pgsched.Run) -> pgsched.Result | None); its signature is {sig}")
 
 
+# What add_job refuses for job_name (sql/api/10_jobs.sql, _check_settings), said at import instead.
+MAX_JOB_NAME = 500
+
+
+def _check_types(fn: str, *, every: object, cron: object, name: object, timezone: object, max_retries: object,
+                 scheduled: object, fixed_schedule: object, initial_start: object) -> None:
+    """The declaration's arguments of the wrong kind, refused where they are written (an int for
+    every= would otherwise fail later, as an AttributeError or at deploy)."""
+    wrong = [
+        ("every", every, every is not None and not isinstance(every, (str, timedelta)),
+         "an interval such as '5 minutes' or a timedelta"),
+        ("cron", cron, cron is not None and not isinstance(cron, str), "a cron expression such as '0 3 * * *'"),
+        ("name", name, name is not None and (not isinstance(name, str) or not name.strip()
+                                             or len(name) > MAX_JOB_NAME),
+         f"a name of 1 to {MAX_JOB_NAME} characters, or None for module.function"),
+        ("timezone", timezone, timezone is not None and (not isinstance(timezone, str) or not timezone.strip()),
+         "an IANA name such as 'Europe/Berlin', or None for UTC"),
+        ("max_retries", max_retries, isinstance(max_retries, bool) or not isinstance(max_retries, int),
+         "-1 (unlimited) or a whole number >= 0"),
+        ("scheduled", scheduled, not isinstance(scheduled, bool), "True or False"),
+        ("fixed_schedule", fixed_schedule, not isinstance(fixed_schedule, bool), "True or False"),
+        ("initial_start", initial_start, initial_start is not None and not isinstance(initial_start, datetime),
+         "a timezone-aware datetime, or None"),
+    ]
+    for argument, value, bad, form in wrong:
+        if bad:
+            raise JobDeclarationError(f"{fn}: {argument} must be {form}, not {repr(value)[:80]}")
+
+
 def job(
     *,
     every: str | timedelta | None = None,
@@ -296,6 +325,8 @@ def job(
     def declare(func: F) -> F:
         fn = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
         _check_signature(func, fn)
+        _check_types(fn, every=every, cron=cron, name=name, timezone=timezone, max_retries=max_retries,
+                     scheduled=scheduled, fixed_schedule=fixed_schedule, initial_start=initial_start)
         upstreams = _upstreams(after, fn)
         if (every is not None and cron is not None) or (every is None and cron is None and upstreams is None):
             raise JobDeclarationError(f"{fn}: give exactly one of every= (an interval) or cron= (an expression), "
@@ -315,7 +346,7 @@ def job(
         except schedule.ScheduleError as e:
             raise JobDeclarationError(f"{fn}: {e}") from None
         del tz
-        if not isinstance(max_retries, int) or max_retries < -1:
+        if max_retries < -1:
             raise JobDeclarationError(f"{fn}: max_retries must be -1 (unlimited) or >= 0, not {max_retries!r}")
         if catch_up not in ("latest", "all", "none"):
             raise JobDeclarationError(f"{fn}: catch_up must be 'latest', 'all' or 'none', not {catch_up!r}")

@@ -145,6 +145,16 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"after": [0]}, "0 is none of these"),
     ({"after": [True]}, "True is none of these"),
     ({"after": [print]}, "declare a handler with @pgsched.job before naming it"),
+    # the wrong kind of value, said at the declaration (not an AttributeError, nor at deploy)
+    ({"every": 5}, "every must be an interval"),
+    ({"cron": 5}, "cron must be a cron expression"),
+    ({"every": "1 minute", "name": 5}, "name must be a name of 1 to 500"),
+    ({"every": "1 minute", "name": "x" * 501}, "name must be a name of 1 to 500"),
+    ({"every": "1 minute", "timezone": ""}, "timezone must be an IANA name"),
+    ({"every": "1 minute", "max_retries": True}, "max_retries must be -1"),
+    ({"every": "1 minute", "scheduled": "no"}, "scheduled must be True or False"),
+    ({"every": "1 minute", "fixed_schedule": 1}, "fixed_schedule must be True or False"),
+    ({"every": "1 minute", "initial_start": "2026-01-01"}, "initial_start must be a timezone-aware datetime"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
