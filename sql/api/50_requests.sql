@@ -27,9 +27,10 @@
 -- Both check that the session's user may act for the job's owner, as run_job does; a job
 -- the caller may not act for is reported as not found (42704), like run_job's.
 
--- The functions of this file the scheduler calls: replaced whole on every upgrade.
+-- The functions of this file the scheduler calls: replaced whole on every upgrade. (Its
+-- _start_manual_v2 of before migration 0016 is defined by no file now: init drops it.)
 SELECT pgsched._drop_functions(ARRAY[
-    '_start_manual_v2', '_start_request', '_requests']);
+    '_start_request', '_requests']);
 
 -- How long a request is acted on: a trigger whose job keeps running (maybe on another instance),
 -- or that finds no worker free, is dropped after this; the purge deletes older rows.
