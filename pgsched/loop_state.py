@@ -60,8 +60,9 @@ class LoopState:
         self._announced_ready = False
         self.runs_ended = 0
         self._statements_done = 0  # by connections already closed
-        # trigger_job requests not started yet (pgsched.requests): (job_id, plan_time) -> give up at (monotonic)
-        self._triggers: dict[tuple[int, datetime], float] = {}
+        # trigger_job requests not started yet (pgsched.requests): request_id -> (job_id, plan_time,
+        # give up at (monotonic))
+        self._triggers: dict[int, tuple[int, datetime, float]] = {}
         self._orphans: list[str] = []  # application_names of runs whose backends are still to terminate
         self._hold_claims_until = 0.0
         self._flush_at = 0.0  # after a close the database refused: when to try again

@@ -1,16 +1,19 @@
-"""Requests from people, heard on pgsched_catalog: trigger_job (start a manual run on an idle
-worker of this scheduler) and cancel_job (cancel a run this scheduler holds).
+"""Requests from people: trigger_job (start a manual run on an idle worker of this scheduler) and
+cancel_job (cancel a run this scheduler holds).
 
-The payloads are sql/api/50_requests.sql's. A trigger names its run's plan_time, and a run is
-unique by (job, scope, plan_time), so when several schedulers hear one, it runs once. None of
-this is on the claim's path: a request costs a statement only when one arrived.
+A request is a row of pgsched.request, written only by those two SECURITY DEFINER functions once
+they checked the caller's rights (sql/api/50_requests.sql says why a row and not the payload). The
+notification on pgsched_catalog only wakes the scheduler with the row's id: pg_notify is open to
+every role, so nothing here takes the job, the plan_time, the run or the requester from a payload.
+A trigger's run is started, and its row deleted, in one transaction (pgsched._start_request), so
+when several schedulers hear one, it runs once. None of this is on the claim's path: a request
+costs statements only when one arrived.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime, timedelta
 
 import psycopg
 
@@ -19,52 +22,29 @@ from pgsched.state import Outcome
 
 log = logging.getLogger("pgsched.scheduler")
 
-# A trigger not started within this long (its job kept running, or no worker was free) is dropped.
-TRIGGER_TTL = 600.0
 # While a trigger waits for its job's run in progress to end (maybe on another instance,
-# whose close wakes nobody), it is tried again this often.
+# whose close wakes nobody), it is tried again this often. How long it is tried is the
+# request's own TTL (pgsched._request_ttl(), read with it).
 TRIGGER_RETRY = 0.25
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def parse_request(payload: str) -> tuple[str, int, str] | None:
-    """('trigger', job_id, micros) or ('cancel', run_id, role) from a request's payload; None if malformed."""
-    kind, _, rest = payload.partition(":")
-    ident, _, arg = rest.partition(":")
-    if kind not in ("trigger", "cancel") or not ident.isdigit() or not arg:
-        return None
-    if kind == "trigger" and not arg.lstrip("-").isdigit():
-        return None
-    return kind, int(ident), arg
-
-
-def plan_time_of(micros: str) -> datetime:
-    """The exact instant a trigger names (microseconds since the epoch, no float rounding)."""
-    return EPOCH + timedelta(microseconds=int(micros))
 
 
 class Requests(Recovery):
     """The scheduler's handling of trigger_job and cancel_job."""
 
     def _take_requests(self) -> None:
-        """Act on the requests the last notifications brought: cancels now, triggers when a worker is free."""
-        if self.store is None or not self.store.requests:
+        """Act on the requests the last notifications woke us for: cancels now, triggers when a worker is free."""
+        if self.store is None or not self.store.requests or self.instance_id is None:
             return
-        payloads, self.store.requests = self.store.requests, []
-        for payload in payloads:
-            req = parse_request(payload)
-            if req is None:
-                log.warning("ignoring a malformed request %r", payload)
-                continue
-            kind, ident, arg = req
-            if kind == "cancel":
-                run = self.runs.get(ident)
+        ids, self.store.requests = self.store.requests, []
+        for req in self.store.read_requests(ids, self.instance_id):
+            if req.kind == "cancel":
+                run = self.runs.get(req.run_id) if req.run_id is not None else None
                 if run is not None and run.forced is None:
-                    log.info("run %s of job %s: cancelled by %s", run.run_id, run.job.job_id, arg)
-                    run.cancelled_by = arg
+                    log.info("run %s of job %s: cancelled by %s", run.run_id, run.job.job_id, req.requested_by)
+                    run.cancelled_by = req.requested_by
                     self._stop_run(run, Outcome.CANCELLED)
-            elif not self.stopping:
-                self._triggers[(ident, plan_time_of(arg))] = time.monotonic() + TRIGGER_TTL
+            elif not self.stopping and req.plan_time is not None:
+                self._triggers[req.request_id] = (req.job_id, req.plan_time, time.monotonic() + req.expires_in)
 
     def _trigger_wait(self) -> float | None:
         """Seconds until pending triggers should be tried again (None: none pending)."""
@@ -80,22 +60,20 @@ class Requests(Recovery):
         # A triggered job's last run may have ended with its close held back (dispatch): until
         # it is written, the job is still running in the database and the trigger would wait.
         self._flush(now=True)
-        for key, give_up in list(self._triggers.items()):
-            job_id, plan_time = key
+        for request_id, (job_id, plan_time, give_up) in list(self._triggers.items()):
             if time.monotonic() > give_up:
-                log.warning("job %s: the run triggered for %s did not start within %.0fs: dropped", job_id,
-                            plan_time.isoformat(), TRIGGER_TTL)
-                del self._triggers[key]
+                log.warning("job %s: the run triggered for %s did not start in time (request %s): dropped", job_id,
+                            plan_time.isoformat(), request_id)
+                del self._triggers[request_id]
                 continue
             worker = next((w for w in self.workers.values() if w.idle), None)
             if worker is None:
                 return
             try:
-                claimed = self.store.start_manual(self.instance_id, job_id, plan_time,
-                                                  (worker.pid, worker.backend_pid or 0))
+                claimed = self.store.start_manual(self.instance_id, request_id, (worker.pid, worker.backend_pid or 0))
             except psycopg.errors.ObjectInUse:
                 continue  # a run of the job is in progress: after it
-            del self._triggers[key]
+            del self._triggers[request_id]
             if claimed is None:
                 continue  # another scheduler started it, or it is not ours (module, gone)
             if claimed.run is not None:

@@ -36,7 +36,9 @@ from pgsched.state import AbandonedCause
 log = logging.getLogger("pgsched.store")
 
 CHANNEL = "pgsched_catalog"
-REQUEST_PREFIXES = ("trigger:", "cancel:")
+# trigger_job and cancel_job wake the schedulers with 'request:<request_id>' (sql/api/50_requests.sql):
+# a wake-up only, for anyone may send it; the request is the row, read by Store.read_requests.
+REQUEST_PREFIX = "request:"
 # Notifications that say only that runs became claimable: queued scope runs (_close_batch), a
 # dependent an upstream's success made due (07_dependencies.sql), a concurrency key freed (_end_runs).
 RUNS_CLAIMABLE = frozenset({"scopes", "job_run:upstream", "concurrency_key:free"})
@@ -81,6 +83,19 @@ class Claimed:
     # The job's state after the claim, as the database wrote it (None for a scope run: it
     # leaves the state to its plan run).
     job_state: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A trigger_job or cancel_job request: its row in pgsched.request, the only word on it the scheduler takes."""
+
+    request_id: int
+    kind: str  # 'trigger' or 'cancel'
+    job_id: int
+    plan_time: datetime | None  # a trigger's manual run's
+    run_id: int | None  # a cancel's run
+    requested_by: str  # the session user who asked
+    expires_in: float  # seconds until it is past pgsched._request_ttl()
 
 
 @dataclass(frozen=True)
@@ -207,7 +222,7 @@ class Store:
         # sends us itself, that runs became claimable. See claim().
         self._holding_own = False
         self._held_own: list[str] = []
-        self.requests: list[str] = []  # payloads of trigger_job / cancel_job, not acted on yet
+        self.requests: list[int] = []  # request ids that trigger_job / cancel_job woke us for, not read yet
         self.catalog_changed = False  # a notification other than RUNS_CLAIMABLE arrived since the last drain
         self.conn.add_notify_handler(self._on_notify)
         # A standby refuses LISTEN (it cannot queue notifications): the scheduler
@@ -317,9 +332,10 @@ class Store:
         self._note(payload)
 
     def _note(self, payload: str) -> None:
-        # trigger_job and cancel_job ask through the payload (sql/api/50_requests.sql).
-        if payload.startswith(REQUEST_PREFIXES):
-            self.requests.append(payload)
+        # trigger_job and cancel_job wake us with their request's id (sql/api/50_requests.sql); what
+        # to do is read from the request's row, never from the payload.
+        if payload.startswith(REQUEST_PREFIX) and payload[len(REQUEST_PREFIX):].isdigit():
+            self.requests.append(int(payload[len(REQUEST_PREFIX):]))
         # Runs became claimable (queued runs, a free concurrency key): the plan is to be read again,
         # nothing was deleted.
         if payload not in RUNS_CLAIMABLE:
@@ -490,12 +506,19 @@ class Store:
         } for f in finishes]
         return self._execute("SELECT * FROM pgsched._close_runs(%s)", (Jsonb(payload),))
 
-    def start_manual(self, instance_id: int, job_id: int, plan_time: datetime,
-                     worker: tuple[int, int]) -> Claimed | None:
-        """Start the manual run trigger_job asked for (pgsched._start_manual_v2) on this worker; None:
+    def read_requests(self, request_ids: Sequence[int], instance_id: int) -> list[Request]:
+        """The requests of these ids that are to act on (pgsched._requests): every trigger still pending,
+        and the cancels of runs this instance holds (taken: deleted). Ids of no request give nothing."""
+        rows = self._execute("SELECT * FROM pgsched._requests(%s, %s)", (list(request_ids), instance_id))
+        return [Request(request_id=r["request_id"], kind=r["kind"], job_id=r["job_id"], plan_time=r["plan_time"],
+                        run_id=r["run_id"], requested_by=r["requested_by"], expires_in=r["expires_in"])
+                for r in rows]
+
+    def start_manual(self, instance_id: int, request_id: int, worker: tuple[int, int]) -> Claimed | None:
+        """Start the manual run a trigger request asks for (pgsched._start_request) on this worker; None:
         not ours to start. Raises psycopg.errors.ObjectInUse while the job has a run in progress."""
-        row = self._execute("SELECT * FROM pgsched._start_manual_v2(%s, %s, %s, %s, %s, %s)",
-                            (instance_id, job_id, plan_time, worker[0], worker[1], self.code_modules)).fetchone()
+        row = self._execute("SELECT * FROM pgsched._start_request(%s, %s, %s, %s, %s)",
+                            (instance_id, request_id, worker[0], worker[1], self.code_modules)).fetchone()
         if row is None:
             return None
         self._anchor(row["db_now"])

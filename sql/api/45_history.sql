@@ -132,7 +132,7 @@ GRANT SELECT ON pgsched.settings TO PUBLIC;
 -- Two kinds of row stay whatever the level, and go by the retention: they are what keeps a run
 -- from happening twice. A run trigger_job started on a scheduler (every scheduler that heard the
 -- request retries it while the job is busy, and its row's key is what tells them it ran:
--- _start_manual_v2; a run_job in somebody's session has no instance, and nobody retries it), and
+-- _start_request; a run_job in somebody's session has no instance, and nobody retries it), and
 -- an '@restart' job's plan run (its key is what passes over the server start it ran for:
 -- _arm_restart_jobs, the claim's ON CONFLICT).
 CREATE OR REPLACE FUNCTION pgsched._forget_runs(run_ids bigint[])
@@ -266,7 +266,8 @@ $$;
 
 -- Apply the retention now: delete the rows left in job_run_live (see migration 0015) of runs that
 -- ended longer ago than their retention, the rows of scheduler instances stopped (or silent) for longer
--- than the longer of the two retentions that have no run in progress, then drop the partitions of
+-- than the longer of the two retentions that have no run in progress, and the trigger_job and cancel_job
+-- requests past pgsched._request_ttl() (50_requests.sql), then drop the partitions of
 -- job_run past their end of retention and make the ones ahead. `now` is the clock to judge
 -- by (default: the transaction's); max_rows bounds the rows deleted by one call (the schedulers
 -- purge in batches of this many, a transaction each), NULL for all. Safe to call from several
@@ -324,9 +325,9 @@ BEGIN
                                                                       p.failure_retention)
            AND r.outcome NOT IN ('running', 'queued')
            -- the rows that keep a run from happening twice (see _forget_runs), while they do: a
-           -- triggered run's for as long as schedulers retry the request (pgsched/requests.py,
-           -- TRIGGER_TTL), an '@restart' run's for as long as the server start it ran for lasts
-           AND NOT (r.trigger = 'manual' AND r.finished_at > purge_history.now - interval '10 minutes')
+           -- triggered run's for as long as schedulers retry the request (_request_ttl), an
+           -- '@restart' run's for as long as the server start it ran for lasts
+           AND NOT (r.trigger = 'manual' AND r.finished_at > purge_history.now - pgsched._request_ttl())
            AND NOT (r.scope = '' AND r.plan_time = pg_catalog.pg_postmaster_start_time()
                     AND j.schedule = '@restart')
          ORDER BY r.finished_at
@@ -345,6 +346,9 @@ BEGIN
         RETURNING 1
     )
     SELECT count(*) INTO pruned FROM gone;
+    -- trigger_job and cancel_job requests no scheduler took (50_requests.sql): past their TTL,
+    -- nothing acts on them any more. Not counted: they are not history.
+    DELETE FROM pgsched.request q WHERE q.requested_at < purge_history.now - pgsched._request_ttl();
     -- Last: an attach or a drop holds job_run_live's lock until the caller commits (call it in a
     -- transaction of its own). A step whose lock another session holds ends the steps: the next
     -- purge takes them.

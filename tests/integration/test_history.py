@@ -344,11 +344,17 @@ def test_a_triggered_runs_row_stays_whatever_the_level_and_at_least_as_long_as_s
     api.execute("SELECT pgsched.set_retention(success => '1 minute', failure => '1 minute')")
     me = core.register(api, core.T)
     plan = scalar(api, "SELECT pgsched.trigger_job(%s)", (job_id,))
-    [run] = rows(api, "SELECT * FROM pgsched._start_manual_v2(%s, %s, %s, %s, %s)", (me, job_id, plan, 100, 0))
+    request = scalar(api, "SELECT request_id FROM pgsched.request WHERE job_id = %s AND plan_time = %s",
+                     (job_id, plan))
+    [run] = rows(api, "SELECT * FROM pgsched._start_request(%s, %s, %s, %s)", (me, request, 100, 0))
     end = {"run_id": run["run_id"], "outcome": "success", "next_start": None, "lease_token": run["lease_token"]}
     api.execute("SELECT * FROM pgsched._finish_runs(%s)", (json.dumps([end]),))
-    # another scheduler that heard the request retries it: the row says it ran, and it does not run again
-    assert rows(api, "SELECT * FROM pgsched._start_manual_v2(%s, %s, %s, %s, %s)", (me, job_id, plan, 101, 0)) == []
+    # another scheduler that heard the request retries it: the request went with the start, and it
+    # does not run again; nor would a request of the same plan_time, for the run's row says it ran
+    assert rows(api, "SELECT * FROM pgsched._start_request(%s, %s, %s, %s)", (me, request, 101, 0)) == []
+    again = scalar(api, "INSERT INTO pgsched.request (kind, job_id, plan_time, requested_by) "
+                        "VALUES ('trigger', %s, %s, current_user) RETURNING request_id", (job_id, plan))
+    assert rows(api, "SELECT * FROM pgsched._start_request(%s, %s, %s, %s)", (me, again, 101, 0)) == []
     finished = scalar(api, "SELECT finished_at FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],))
     assert purge(api, now=finished + timedelta(minutes=9)) == (0, 0)
     assert purge(api, now=finished + timedelta(minutes=11)) == (1, 0)
@@ -452,7 +458,7 @@ def test_a_close_moves_the_row_to_the_partition_of_its_end_of_retention_which_go
 def test_rows_that_keep_a_run_from_happening_twice_stay_in_the_live_table(api: Conn) -> None:
     purge(api, now=scalar(api, "SELECT now()"))
     job_id = add_job(api, "'ok_fn', '1 hour'")
-    # a run trigger_job started on a scheduler (it has an instance), as _start_manual_v2 marks it
+    # a run trigger_job started on a scheduler (it has an instance), as _start_request marks it
     instance = scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'v', 1)")
     manual = scalar(api, "SELECT pgsched._mark_start(%s, now(), 'manual', 1, 1, %s, 1)", (job_id, instance))
     api.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (manual,))

@@ -156,3 +156,42 @@ def test_the_scheduler_password_is_never_logged_or_stored(odb: OwnerDb, admin: C
     stored = rows(admin, "SELECT coalesce(string_agg(coalesce(message, ''), ' '), '') AS m FROM pgsched.job_run")
     assert PASSWORD not in stored[0]["m"]
     assert PASSWORD not in str(rows(admin, "SELECT * FROM pgsched.instance"))
+
+
+def test_the_least_privileged_scheduler_reads_requests_as_their_owner_and_ignores_forged_ones(
+        odb: OwnerDb, admin: Conn) -> None:
+    """trigger_job and cancel_job write rows (pgsched.request) that this scheduler's role reads as
+    the owner of the catalog, with no grant; bob, who may notify on the channel like anyone, starts
+    and cancels nothing of alice's (sql/api/50_requests.sql)."""
+    tag = uuid.uuid4().hex[:8]
+    with odb.connect(odb.alice) as alice, odb.connect(odb.bob) as bob:
+        asked = int(str(scalar(alice, "SELECT pgsched.add_job('public.job_ok', '1 hour', scheduled => false)")))
+        other = int(str(scalar(alice, "SELECT pgsched.add_job('public.job_ok', '1 hour', scheduled => false)")))
+        slow = int(str(scalar(alice, "SELECT pgsched.schedule(%s, '1 hour', 'SELECT pg_sleep(30)')",
+                              (f"slow-{tag}",))))
+        forged: list[float] = []
+        before_cancel: list[str] = []
+
+        def until() -> bool:
+            run = scalar(admin, "SELECT max(run_id) FROM pgsched.job_run WHERE job_id = %s AND outcome = 'running'",
+                         (slow,))
+            if not forged and run is not None:
+                at = scalar(admin, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+                for payload in (f"trigger:{other}:{at}", f"cancel:{run}:{odb.bob}",
+                                *(f"request:{k}" for k in range(1, 50))):
+                    bob.execute("SELECT pg_notify('pgsched_catalog', %s)", (payload,))
+                scalar(alice, "SELECT pgsched.trigger_job(%s)", (asked,))
+                forged.append(time.monotonic())
+            if forged and not before_cancel and time.monotonic() > forged[0] + 1.5:
+                before_cancel.append(str(scalar(admin, "SELECT outcome FROM pgsched.job_run WHERE job_id = %s",
+                                                (slow,))))
+                alice.execute("SELECT * FROM pgsched.cancel_job(%s)", (slow,)).fetchall()
+            return bool(before_cancel) and ended(admin, [slow, asked])
+
+        serve_as_scheduler(odb, until)
+    assert before_cancel == ["running"]
+    assert rows(admin, "SELECT trigger, outcome FROM pgsched.job_run WHERE job_id = %s", (asked,)) == [
+        {"trigger": "manual", "outcome": "success"}]
+    assert rows(admin, "SELECT count(*) AS n FROM pgsched.job_run WHERE job_id = %s", (other,)) == [{"n": 0}]
+    [h] = rows(admin, "SELECT outcome, message FROM pgsched.job_history WHERE job_id = %s", (slow,))
+    assert h["outcome"] == "cancelled" and f"cancelled by {odb.alice} (cancel_job)" in h["message"], h

@@ -1,6 +1,8 @@
 """trigger_job and cancel_job (sql/api/50_requests.sql, pgsched/requests.py): a scheduler starts
 the manual run a trigger asks for (once, however many schedulers hear it) and cancels the run
-a cancel names; a role that may not act for the job is told the job does not exist."""
+a cancel names; a role that may not act for the job is told the job does not exist, and a
+notification it sends on pgsched_catalog itself (pg_notify is open to every role) starts,
+cancels and names nothing: the request is the row trigger_job or cancel_job wrote."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -134,3 +137,98 @@ def test_a_role_that_may_not_act_for_the_job_is_told_it_does_not_exist(jobs: Con
         jobs.execute("SELECT trigger_job(NULL)")
     with pytest.raises(psycopg.errors.UndefinedObject):
         jobs.execute("SELECT trigger_job(999999)")
+
+
+def forge(role: Conn, *payloads: str) -> None:
+    """Notifications on the schedulers' channel, as any role that can connect may send them."""
+    for payload in payloads:
+        role.execute("SELECT pg_notify('pgsched_catalog', %s)", (payload,))
+
+
+def micros(t: datetime) -> int:
+    """An instant as the old trigger payload named it: microseconds since the epoch."""
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def test_a_forged_trigger_starts_nothing_and_a_real_one_still_runs(db: str, jobs: Conn, stranger: Conn) -> None:
+    paused = one(jobs, "SELECT add_job('hit', '1 hour', scheduled => false)")
+    later = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    real = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    slot = one(jobs, "SELECT next_start FROM job_stats WHERE job_id = %s", later)
+    asked: list[Any] = []
+    replayed: list[float] = []
+
+    def until() -> bool:
+        if not asked and alive(jobs):
+            # The payloads trigger_job used to send (the paused job now; the other at its next
+            # slot, which would then never run as scheduled), and ids of requests that may exist.
+            forge(stranger, f"trigger:{paused}:{micros(one(jobs, 'SELECT clock_timestamp()'))}",
+                  f"trigger:{later}:{micros(slot)}",
+                  *(f"request:{k}" for k in range(1, 20)))
+            asked.append(one(jobs, "SELECT trigger_job(%s)", real))
+        if asked and not replayed and runs_of(jobs, real, "success") >= 1:
+            # the real request's id, heard again: it was started, so its row is gone
+            forge(stranger, *(f"request:{k}" for k in range(1, 20)))
+            replayed.append(time.monotonic())
+        return bool(replayed) and time.monotonic() > replayed[0] + 1.0
+
+    serve_with(db, until)
+    assert replayed, "the real trigger did not run"
+    assert jobs.execute("SELECT trigger, plan_time, outcome FROM job_history WHERE job_id = %s",
+                        (real,)).fetchall() == [("manual", asked[0], "success")]
+    assert runs_of(jobs, paused) == runs_of(jobs, later) == 0
+    assert one(jobs, "SELECT count(*) FROM hits") == 1
+    assert jobs.execute("SELECT next_start, total_runs FROM job_stats WHERE job_id = %s", (later,)).fetchone() == (
+        slot, 0)
+    assert one(jobs, "SELECT count(*) FROM pgsched.request") == 0
+
+
+def test_a_forged_cancel_cancels_nothing_and_names_nobody(db: str, jobs: Conn, stranger: Conn) -> None:
+    j = one(jobs, "SELECT add_job('nap', '1 hour', config => '{\"s\": 30}', initial_start => now())")
+    me = one(jobs, "SELECT session_user")
+    forged: list[float] = []
+    before_real: list[str] = []
+
+    def until() -> bool:
+        run = jobs.execute("SELECT run_id FROM job_history WHERE job_id = %s AND outcome = 'running'",
+                           (j,)).fetchone()
+        if not forged and run is not None:
+            forge(stranger, f"cancel:{run[0]}:mallory", *(f"request:{k}" for k in range(1, 20)))
+            forged.append(time.monotonic())
+        if forged and not before_real and time.monotonic() > forged[0] + 1.5:
+            before_real.append(one(jobs, "SELECT outcome FROM job_history WHERE job_id = %s", j))
+            jobs.execute("SELECT * FROM cancel_job(%s)", (j,)).fetchall()
+        return bool(before_real) and runs_of(jobs, j, "cancelled") >= 1
+
+    serve_with(db, until)
+    assert before_real == ["running"], "the forged cancel stopped the run"
+    [(outcome, message)] = jobs.execute("SELECT outcome, message FROM job_history WHERE job_id = %s", (j,)).fetchall()
+    assert outcome == "cancelled" and f"cancelled by {me} (cancel_job)" in message and "mallory" not in message
+
+
+def test_requests_are_written_only_by_the_request_functions(jobs: Conn, stranger: Conn) -> None:
+    j = one(jobs, "SELECT add_job('hit', '1 hour')")
+    for statement in ("SELECT * FROM pgsched.request",
+                      f"INSERT INTO pgsched.request (kind, job_id, plan_time, requested_by) "
+                      f"VALUES ('trigger', {j}, now(), 'mallory')",
+                      "DELETE FROM pgsched.request"):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            stranger.execute(statement)
+    plan = one(jobs, "SELECT trigger_job(%s)", j)
+    me = one(jobs, "SELECT session_user")
+    assert jobs.execute("SELECT kind, job_id, plan_time, run_id, requested_by FROM pgsched.request").fetchall() == [
+        ("trigger", j, plan, None, me)]
+
+
+def test_a_request_past_its_ttl_is_not_acted_on_and_the_purge_deletes_it(jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('hit', '1 hour')")
+    me = one(jobs, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4)")
+    one(jobs, "SELECT trigger_job(%s)", j)
+    request = one(jobs, "SELECT request_id FROM pgsched.request")
+    assert [r[0] for r in jobs.execute("SELECT * FROM pgsched._requests(%s, %s)", ([request], me))] == [request]
+    jobs.execute("UPDATE pgsched.request SET requested_at = requested_at - pgsched._request_ttl() - interval '1 s'")
+    assert jobs.execute("SELECT * FROM pgsched._requests(%s, %s)", ([request], me)).fetchall() == []
+    assert jobs.execute("SELECT * FROM pgsched._start_request(%s, %s, 100, 0)", (me, request)).fetchall() == []
+    assert runs_of(jobs, j) == 0
+    jobs.execute("SELECT * FROM pgsched.purge_history()")
+    assert one(jobs, "SELECT count(*) FROM pgsched.request") == 0

@@ -10,7 +10,6 @@ import pytest
 from pgsched import exclusion
 from pgsched.ops import health, upcoming
 from pgsched.ops.query import parse_duration
-from pgsched.requests import parse_request, plan_time_of
 from pgsched.schedule import ScheduleError
 
 NOW = datetime(2026, 3, 28, 12, 0, tzinfo=UTC)
@@ -76,14 +75,6 @@ def test_durations() -> None:
     for bad in ("", "1", "h", "1x", "-1h", "1h garbage", "0s"):
         with pytest.raises(ValueError, match=r"--since: .* use a number and a unit"):
             parse_duration(bad, "--since")
-
-
-def test_request_payloads() -> None:
-    assert parse_request("trigger:12:1774699200000001") == ("trigger", 12, "1774699200000001")
-    assert plan_time_of("1774699200000001") == datetime(2026, 3, 28, 12, 0, 0, 1, tzinfo=UTC)
-    assert parse_request("cancel:34:alice:x") == ("cancel", 34, "alice:x")
-    for bad in ("trigger:x:1", "trigger:1:abc", "cancel:1:", "stop:1:2", "trigger", "instance:stop"):
-        assert parse_request(bad) is None
 
 
 @pytest.mark.parametrize(("text", "why"), [("@after", "it runs after its upstream jobs"),

@@ -155,9 +155,11 @@ def test_trigger_and_cancel_go_through_the_sql_api(webdb: WebDb, wadmin: Conn, c
     token = csrf_of(client.get(f"/jobs/{j}/trigger").text)
     client.post(f"/jobs/{j}/trigger", data={"csrf": token})
     assert "a run was requested" in client.get(f"/jobs/{j}").text
-    # trigger_job's request to the schedulers (a notification: sql/api/50_requests.sql)
+    # trigger_job's request to the schedulers (a row, and a notification that names it: sql/api/50_requests.sql)
     asks = [n.payload for n in wadmin.notifies(timeout=2, stop_after=1)]
-    assert asks and asks[0].startswith(f"trigger:{j}:"), asks
+    [request] = wadmin.execute("SELECT request_id FROM pgsched.request WHERE kind = 'trigger' AND job_id = %s",
+                               (j,)).fetchall()
+    assert asks == [f"request:{request[0]}"], asks
     client.post(f"/jobs/{j}/cancel", data={"csrf": token})
     assert "has no run in progress to cancel" in client.get(f"/jobs/{j}").text
 
