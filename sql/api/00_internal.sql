@@ -481,7 +481,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = format('job %s belongs to role %s: role %I may see it but not change or run it',
                              _check_job_writable.job_id, job_owner, current_user),
-            HINT = 'only its owner, or a member of the owner role, may alter, delete or run a job';
+            HINT = 'only its owner, or a role that may SET ROLE to the owner, may alter, delete or run a job';
     END IF;
 END
 $$;

@@ -377,11 +377,11 @@ $$;
 
 -- run_job's two marks. The caller may not write job_stat and job_run itself
 -- (0002_security.sql), so these run as the schema owner, and allow only what
--- run_job does: start a manual run of a job the session's user may act for
--- (session_user: every role this session can be is one it is a member of), and
--- close a manual run that this very backend started.
--- The job's owner, if the session's user may act for it (run_job, trigger_job, cancel_job); else
--- job-not-found.
+-- run_job does: start a manual run of a job the session's user may act as
+-- (session_user: every role this session can become, the session user may SET ROLE
+-- to), and close a manual run that this very backend started.
+-- The job's owner, if the session's user may act as it (pgsched._may_act_as, migration 0017:
+-- run_job, trigger_job, cancel_job); else job-not-found.
 CREATE OR REPLACE FUNCTION pgsched._check_may_act(job_id integer)
 RETURNS regrole LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -393,7 +393,7 @@ BEGIN
     END IF;
     SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _check_may_act.job_id;
     IF job_owner IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
-       OR NOT pg_catalog.pg_has_role(session_user, job_owner, 'MEMBER') THEN
+       OR NOT pgsched._may_act_as(session_user, job_owner) THEN
         PERFORM pgsched._job_not_found(_check_may_act.job_id);
     END IF;
     RETURN job_owner::regrole;
@@ -431,10 +431,11 @@ $$;
 -- The job runs inside a subtransaction so that its failure can be recorded;
 -- a procedure run this way therefore cannot COMMIT (the scheduler runs
 -- procedures at top level, where they can).
--- The job runs as its owner: a caller who is not the owner but a member of it
--- runs it under SET LOCAL ROLE; anyone else (the database owner, who sees all
--- jobs) is refused, since running another role's SQL with one's own rights is
--- how a trojan works. The session is still the caller's, so the job's SQL could
+-- The job runs as its owner: a caller who is not the owner but may SET ROLE to it
+-- (pgsched._may_act_as) runs it under SET LOCAL ROLE; anyone else (the database
+-- owner, who sees all jobs, or a member granted the owner WITH SET FALSE) is
+-- refused, since running another role's SQL with one's own rights is how a
+-- trojan works. The session is still the caller's, so the job's SQL could
 -- RESET ROLE back to the caller: run by hand only jobs you trust; the
 -- scheduler's sessions, opened as the owner, are the isolated path.
 CREATE OR REPLACE PROCEDURE pgsched.run_job(job_id integer)
@@ -461,12 +462,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42704',
             MESSAGE = format('job %s belongs to role %s, which no longer exists', j.job_id, j.owner::oid),
             HINT = 'delete the job with delete_job';
-    ELSIF owner_name <> current_user AND NOT pg_catalog.pg_has_role(current_user, j.owner, 'MEMBER') THEN
+    ELSIF owner_name <> current_user AND NOT pgsched._may_act_as(current_user, j.owner) THEN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = format('job %s belongs to role %I, which role %I may not become', j.job_id, owner_name,
                              current_user),
             DETAIL = 'run_job runs the job in your session as its owner',
-            HINT = 'only the owner (or a member of the owner role) may run it by hand; the scheduler runs it as '
+            HINT = 'only the owner (or a role that may SET ROLE to it) may run it by hand; the scheduler runs it as '
                    || 'its owner';
     END IF;
     IF j.kind = 'python' THEN

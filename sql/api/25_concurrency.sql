@@ -58,9 +58,10 @@ $$;
 
 -- Set how many runs of the jobs sharing `concurrency_key` may run at once, over every instance
 -- (0: none, they wait); NULL max_running returns the key to the default, 1. Only the catalog's
--- administrators (the scheduler's role and its members) set limits: a key is shared by every
--- owner's jobs, so a limit is a setting of the database, not of one job. The schedulers are
--- woken, so a raised limit takes effect at once. Returns the key's limit now.
+-- administrators (the scheduler's role and the roles that may SET ROLE to it: _catalog_admin)
+-- set limits: a key is shared by every owner's jobs, so a limit is a setting of the database,
+-- not of one job. The schedulers are woken, so a raised limit takes effect at once. Returns the
+-- key's limit now.
 CREATE OR REPLACE FUNCTION pgsched.set_concurrency_limit(concurrency_key text, max_running integer)
 RETURNS integer
 LANGUAGE plpgsql
@@ -85,8 +86,8 @@ BEGIN
     IF NOT pgsched._catalog_admin() THEN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = format('permission denied to set the concurrency limit of %L', k),
-            HINT = 'limits are shared by every owner''s jobs: only the pgsched catalog''s owner role and its '
-                   || 'members set them';
+            HINT = 'limits are shared by every owner''s jobs: only the pgsched catalog''s owner role and the '
+                   || 'roles that may SET ROLE to it set them';
     END IF;
     IF n IS NULL THEN
         DELETE FROM pgsched.concurrency_limit l WHERE l.concurrency_key = k;

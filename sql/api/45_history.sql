@@ -85,8 +85,8 @@ BEGIN
     IF NOT pgsched._catalog_admin() THEN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = 'permission denied to set the retention of pgsched''s history',
-            HINT = 'the retention applies to every owner''s runs: only the pgsched catalog''s owner role and its '
-                   || 'members set it; a job''s owner may set the job''s own (add_job or alter_job: '
+            HINT = 'the retention applies to every owner''s runs: only the pgsched catalog''s owner role and the '
+                   || 'roles that may SET ROLE to it set it; a job''s owner may set the job''s own (add_job or alter_job: '
                    || 'success_retention, failure_retention)';
     END IF;
     INSERT INTO pgsched.history_policy AS p (success_retention, failure_retention, partition_width)
@@ -303,7 +303,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = 'permission denied to purge pgsched''s history',
             HINT = 'the schedulers apply the retention on their own (pgsched.settings shows when they last did); '
-                   || 'only the pgsched catalog''s owner role and its members purge by hand';
+                   || 'only the pgsched catalog''s owner role and the roles that may SET ROLE to it purge by hand';
     END IF;
     dropped := 0;
     IF purge_history.with_partitions

@@ -587,3 +587,151 @@ def test_only_the_catalogs_administrators_set_concurrency_limits_and_a_shared_ke
         assert ids(s.alice, "pgsched.job_history") == set()  # bob's run is counted, not shown
     finally:
         s.scheduler.execute("SELECT pgsched.set_concurrency_limit('shared', NULL)")
+
+
+# -- acting as an owner: SET ROLE, not mere membership -------------------------------------------
+# Since PostgreSQL 16 a grant says separately whether the member inherits the role's rights and
+# whether it may SET ROLE to it, and pg_has_role(..., 'MEMBER') is true for a grant WITH INHERIT
+# FALSE, SET FALSE, which gives neither. A job runs as its owner, so writing or running one is
+# acting as the owner: pgsched asks for SET (pgsched._may_act_as, migration 0017).
+
+
+def server_major(conn: Conn) -> int:
+    return int(str(scalar(conn, "SHOW server_version_num"))) // 10000
+
+
+def grant(admin: Conn, role: str, member: str, options: str = "") -> None:
+    """GRANT role TO member <options> (options: this module's own constant text)."""
+    admin.execute(sql.SQL("GRANT {} TO {} {}").format(sql.Identifier(role), sql.Identifier(member),
+                                                       sql.SQL(options)))
+
+
+def test_may_act_as_is_what_set_role_allows(s: Sessions) -> None:
+    """The one rule, against PostgreSQL's own: pgsched._may_act_as(member, owner) is true exactly
+    when the member's session may SET ROLE to the owner, for every kind of grant the server has."""
+    odb = s.odb
+    if server_major(s.admin) >= 16:
+        grants = ["", "WITH SET FALSE", "WITH INHERIT FALSE", "WITH INHERIT FALSE, SET FALSE",
+                  "WITH INHERIT FALSE, SET TRUE", "WITH ADMIN TRUE, INHERIT FALSE, SET FALSE", None]
+    else:
+        grants = ["", None]  # PostgreSQL 15: every member may SET ROLE
+    with cluster_roles(odb.server, ("carol", "mid")) as names:
+        carol, mid = names["carol"], names["mid"]
+        for options in grants:
+            for chained in (False, True):
+                if options is None and chained:
+                    continue
+                if options is not None:
+                    # carol -> bob, or carol -> mid (plainly) -> bob with the options.
+                    grant(s.admin, odb.bob, mid if chained else carol, options)
+                    if chained:
+                        grant(s.admin, mid, carol)
+                with odb.connect(carol) as c:
+                    may = scalar(c, "SELECT pgsched._may_act_as(current_user, %s::regrole)", (odb.bob,))
+                    can = sqlstate_of(c, sql.SQL("SET ROLE {}").format(sql.Identifier(odb.bob)).as_string(c)) is None
+                    member = scalar(c, "SELECT pg_has_role(current_user, %s::regrole, 'MEMBER')", (odb.bob,))
+                    assert (may, member) == (can, options is not None), (options, chained)
+                    # Oneself, always.
+                    assert scalar(c, "SELECT pgsched._may_act_as(current_user, current_user::regrole)") is True
+                for role in (carol, mid):
+                    s.admin.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(odb.bob), sql.Identifier(role)))
+                s.admin.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(mid), sql.Identifier(carol)))
+    # alice was granted `nologin` plainly (owner_database); an oid no role has: false, not an error.
+    assert scalar(s.alice, "SELECT pgsched._may_act_as(current_user, %s::regrole)", (odb.nologin,)) is True
+    assert scalar(s.alice, "SELECT pgsched._may_act_as(current_user, 999999999)") is False
+
+
+def test_a_member_who_may_not_set_role_to_the_owner_cannot_write_or_run_its_jobs(s: Sessions) -> None:
+    """GRANT bob TO carol WITH INHERIT FALSE, SET FALSE: carol is a member of bob that may neither
+    use bob's rights (read his tables) nor become him. Writing one of bob's jobs, which the
+    scheduler runs as bob, would be both: refused, as for anyone else."""
+    if server_major(s.admin) < 16:
+        pytest.skip("GRANT ... WITH SET FALSE is new in PostgreSQL 16; on 15 every member may SET ROLE "
+                    "(test_a_member_who_may_set_role_to_the_owner_writes_and_runs_its_jobs)")
+    odb = s.odb
+    _, b, c = two_owners(s)
+    with cluster_roles(odb.server, ("carol",)) as names, odb.connect(names["carol"]) as carol:
+        grant(s.admin, odb.bob, names["carol"], "WITH INHERIT FALSE, SET FALSE")
+        # What the grant is, in PostgreSQL's words: a member, without SET and without bob's rights.
+        assert tuple(carol.execute("SELECT pg_has_role(current_user, %(r)s::regrole, 'MEMBER'), "
+                                   "pg_has_role(current_user, %(r)s::regrole, 'SET'), "
+                                   "pg_has_role(current_user, %(r)s::regrole, 'USAGE')",
+                                   {"r": odb.bob}).fetchone() or ()) == (True, False, False)
+        assert sqlstate_of(carol, sql.SQL("SET ROLE {}").format(sql.Identifier(odb.bob)).as_string(carol)) == "42501"
+        mine = scalar(carol, "SELECT pgsched.schedule('carols', '1 hour', 'SELECT 1')")
+        before = snapshot(s.admin)
+        touch_nothing = [
+            f"UPDATE pgsched.job SET command = 'SELECT 2' WHERE job_id = {c}",
+            f"UPDATE pgsched.job SET scheduled = false WHERE job_id = {b}",
+            f"DELETE FROM pgsched.job WHERE job_id = {b}",
+            f"UPDATE pgsched.job_stat SET next_start = now() WHERE job_id = {b}",
+        ]
+        for stmt in touch_nothing:
+            assert carol.execute(stmt).rowcount == 0, stmt
+        refused = {
+            # row-level security's WITH CHECK: a job that would run as bob
+            f"INSERT INTO pgsched.job (job_name, owner, kind, command, schedule) "
+            f"VALUES ('evil', '{odb.bob}', 'command', 'SELECT 1', '1 minute')": "42501",
+            f"UPDATE pgsched.job SET owner = '{odb.bob}' WHERE job_id = {mine}": "42501",
+            # the API: she may see bob's jobs (she is a member), so alter/delete/run say so ...
+            f"SELECT pgsched.alter_job({c}, schedule => '1 minute')": "42501",
+            f"SELECT pgsched.delete_job({b})": "42501",
+            f"SELECT pgsched.unschedule({c}::bigint)": "42501",
+            f"CALL pgsched.run_job({c})": "42501",
+            # ... and the SECURITY DEFINER ones answer as for a job that does not exist
+            f"SELECT pgsched.trigger_job({c})": "42704",
+            f"SELECT * FROM pgsched.cancel_job({c})": "42704",
+            f"SELECT pgsched._run_job_start({c})": "42704",
+        }
+        for stmt, state in refused.items():
+            assert sqlstate_of(carol, stmt) == state, stmt
+        assert snapshot(s.admin) == before
+        s.admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (mine,))
+
+
+@pytest.mark.parametrize("options", ["", "WITH INHERIT FALSE, SET TRUE"])
+def test_a_member_who_may_set_role_to_the_owner_writes_and_runs_its_jobs(s: Sessions, options: str) -> None:
+    """A plain member (and on PostgreSQL 16+ one granted SET without INHERIT) acts for the owner:
+    the behaviour before PostgreSQL 16's finer grants, unchanged."""
+    if options and server_major(s.admin) < 16:
+        pytest.skip("GRANT ... WITH INHERIT/SET is new in PostgreSQL 16")
+    odb = s.odb
+    a, b, c = two_owners(s)
+    with cluster_roles(odb.server, ("dave",)) as names, odb.connect(names["dave"]) as dave:
+        grant(s.admin, odb.bob, names["dave"], options)
+        j = scalar(dave, f"INSERT INTO pgsched.job (job_name, owner, kind, command, schedule) "
+                         f"VALUES ('for-bob', '{odb.bob}', 'command', "
+                         f"'INSERT INTO public.ran VALUES (0, current_user, ''cmd'')', '1 hour') RETURNING job_id")
+        assert scalar(s.admin, "SELECT owner::text FROM pgsched.job WHERE job_id = %s", (j,)) == odb.bob
+        assert dave.execute(f"UPDATE pgsched.job SET command = 'SELECT 2' WHERE job_id = {c}").rowcount == 1
+        assert dave.execute(f"UPDATE pgsched.job_stat SET next_start = now() WHERE job_id = {b}").rowcount == 1
+        dave.execute(f"SELECT pgsched.alter_job({b}, scheduled => false)")
+        dave.execute(f"CALL pgsched.run_job({j})")
+        assert rows(s.admin, "SELECT who FROM public.ran") == [{"who": odb.bob}]
+        assert scalar(dave, f"SELECT pgsched.trigger_job({j}) IS NOT NULL") is True
+        assert dave.execute(f"SELECT * FROM pgsched.cancel_job({j})").fetchall() == []
+        assert dave.execute(f"DELETE FROM pgsched.job WHERE job_id = {j}").rowcount == 1
+        dave.execute(f"SELECT pgsched.delete_job({b})")
+        assert ids(s.admin, "pgsched.job") == {a, c}
+
+
+def test_python_jobs_need_set_role_to_the_catalogs_owner(s: Sessions) -> None:
+    """Python jobs, like concurrency limits, are for the catalog's administrators: the roles that may
+    SET ROLE to its owner (pgsched._catalog_admin), not any member of it."""
+    if server_major(s.admin) < 16:
+        pytest.skip("GRANT ... WITH SET FALSE is new in PostgreSQL 16")
+    odb = s.odb
+    python_job = ("INSERT INTO pgsched.job (job_name, kind, code_module, code_function, schedule) "
+                  "VALUES ('py', 'python', 'myapp.jobs', 'nightly', '1 hour')")
+    with cluster_roles(odb.server, ("carol", "dave")) as names, \
+            odb.connect(names["carol"]) as carol, odb.connect(names["dave"]) as dave:
+        grant(s.admin, odb.scheduler, names["carol"], "WITH INHERIT FALSE, SET FALSE")
+        grant(s.admin, odb.scheduler, names["dave"], "WITH INHERIT FALSE, SET TRUE")
+        before = snapshot(s.admin)
+        assert sqlstate_of(carol, python_job) == "42501"
+        e = error_of(carol, "SELECT pgsched.set_concurrency_limit('shared', 5)")
+        assert e.sqlstate == "42501" and "concurrency limit of 'shared'" in str(e), str(e)
+        assert snapshot(s.admin) == before
+        dave.execute(python_job)
+        assert scalar(s.admin, "SELECT owner::text FROM pgsched.job WHERE job_name = 'py'") == names["dave"]
+        s.admin.execute("DELETE FROM pgsched.job WHERE job_name = 'py'")
