@@ -298,8 +298,8 @@ def init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool = True,
     pg_cron_compat installs the pg_cron compatibility schema (pgsched/compat.py), refused while
     the pg_cron extension is installed; once installed, every init re-applies it.
     """
-    # init runs as an administrator: no name in its files may resolve to `public`. The caller's
-    # session gets its own search path back.
+    # init runs as an administrator: no name in its files may resolve to `public`. An autocommit
+    # caller's session (every caller's) gets its own search path back.
     row = conn.execute("SELECT pg_catalog.current_setting('search_path')").fetchone()
     assert row is not None
     pin_search_path(conn)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import operator
+import re
 import select
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ CHANNEL = "pgsched_catalog"
 # trigger_job and cancel_job wake the schedulers with 'request:<request_id>' (sql/api/50_requests.sql):
 # a wake-up only, for anyone may send it; the request is the row, read by Store.read_requests.
 REQUEST_PREFIX = "request:"
+_REQUEST_ID = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_BIGINT = 2**63 - 1
 # Notifications that say only that runs became claimable: queued scope runs (_close_batch), a
 # dependent an upstream's success made due (07_dependencies.sql), a concurrency key freed (_end_runs).
 RUNS_CLAIMABLE = frozenset({"scopes", "job_run:upstream", "concurrency_key:free"})
@@ -334,8 +337,11 @@ class Store:
     def _note(self, payload: str) -> None:
         # trigger_job and cancel_job wake us with their request's id (sql/api/50_requests.sql); what
         # to do is read from the request's row, never from the payload.
-        if payload.startswith(REQUEST_PREFIX) and payload[len(REQUEST_PREFIX):].isdigit():
-            self.requests.append(int(payload[len(REQUEST_PREFIX):]))
+        # Anyone may notify on the channel: an id that is not a request's (not ASCII digits, or past
+        # bigint, which psycopg would send as numeric) is dropped here, not sent to the database.
+        request_id = payload[len(REQUEST_PREFIX):]
+        if payload.startswith(REQUEST_PREFIX) and _REQUEST_ID.fullmatch(request_id) and int(request_id) <= _MAX_BIGINT:
+            self.requests.append(int(request_id))
         # Runs became claimable (queued runs, a free concurrency key): the plan is to be read again,
         # nothing was deleted.
         if payload not in RUNS_CLAIMABLE:
@@ -509,7 +515,7 @@ class Store:
     def read_requests(self, request_ids: Sequence[int], instance_id: int) -> list[Request]:
         """The requests of these ids that are to act on (pgsched._requests): every trigger still pending,
         and the cancels of runs this instance holds (taken: deleted). Ids of no request give nothing."""
-        rows = self._execute("SELECT * FROM pgsched._requests(%s, %s)", (list(request_ids), instance_id))
+        rows = self._execute("SELECT * FROM pgsched._requests(%s::bigint[], %s)", (list(request_ids), instance_id))
         return [Request(request_id=r["request_id"], kind=r["kind"], job_id=r["job_id"], plan_time=r["plan_time"],
                         run_id=r["run_id"], requested_by=r["requested_by"], expires_in=r["expires_in"])
                 for r in rows]

@@ -141,9 +141,10 @@ RETURNS text LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 RETURN 'a finite time from the year 1 to 9998, such as ''2026-12-01 03:00+00''';
 
--- t + iv, or 'infinity' where that is beyond what timestamptz holds (an error otherwise).
+-- t + iv, or 'infinity' where that is beyond what timestamptz holds (an error otherwise). STABLE
+-- as timestamptz + interval is: a day or a month is added in the session's time zone.
 CREATE OR REPLACE FUNCTION pgsched._plus(t timestamptz, iv interval)
-RETURNS timestamptz LANGUAGE plpgsql IMMUTABLE
+RETURNS timestamptz LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN t + iv;

@@ -306,9 +306,12 @@ BEGIN
     FOR ym IN
         SELECT y, m FROM unnest(c.years) y, unnest(c.months) m
         UNION ALL
-        SELECT DISTINCT ON (m, extract(dow FROM make_date(y, m, 1)),
-                            make_date(y, m, 1) + interval '1 month' - interval '1 day') y, m
-          FROM generate_series(2000, 2027) y, unnest(c.months) m WHERE c.years IS NULL
+        -- one year per shape of month: its first weekday and its length
+        (SELECT DISTINCT ON (m, extract(dow FROM make_date(y, m, 1)),
+                             extract(day FROM make_date(y, m, 1) + interval '1 month' - interval '1 day')) y, m
+           FROM generate_series(2000, 2027) y, unnest(c.months) m WHERE c.years IS NULL
+          ORDER BY m, extract(dow FROM make_date(y, m, 1)),
+                   extract(day FROM make_date(y, m, 1) + interval '1 month' - interval '1 day'), y)
     LOOP
         IF EXISTS (SELECT 1 FROM unnest(pgsched._cron_day_list(c.days, c.weekdays, c.last_day, c.nth, c.lasts,
                                                                c.dom_any, c.dow_any, ym.y, ym.m)) d

@@ -29,11 +29,14 @@ SET search_path = pg_catalog, pg_temp AS $$
                 ELSE pg_catalog.pg_has_role(_may_act_as.member, _may_act_as.owner, 'MEMBER') END
 $$;
 
--- The catalog's administrators: those who may act as the catalog's owner (the scheduler's role).
+-- The catalog's administrators: those who may act as the catalog's owner (the scheduler's role)
+-- and have its rights: the functions this admits them to (set_concurrency_limit, set_retention,
+-- purge_history) run with the caller's rights and write tables only the owner may.
 CREATE OR REPLACE FUNCTION pgsched._catalog_admin() RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched._may_act_as(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c
-                                              WHERE c.oid = 'pgsched.job'::pg_catalog.regclass))
+    SELECT pgsched._may_act_as(current_user, o.owner) AND pg_catalog.pg_has_role(current_user, o.owner, 'USAGE')
+      FROM (SELECT c.relowner AS owner FROM pg_catalog.pg_class c
+             WHERE c.oid = 'pgsched.job'::pg_catalog.regclass) o
 $$;
 
 -- The same policies as 0002_security.sql, with the rule above. A new owner (an INSERT, or an

@@ -292,3 +292,13 @@ def test_config_merge_into_a_config_that_is_not_an_object_is_refused(api: Conn) 
     assert e.value.sqlstate == "22023" and "config_merge" in (e.value.diag.message_primary or "")
     assert e.value.diag.message_hint
     assert snapshot(api) == before
+
+
+def test_the_decorators_job_name_limit_is_add_jobs(api: Conn) -> None:
+    """pgsched.app.MAX_JOB_NAME says at import what add_job refuses at deploy: one limit."""
+    from pgsched import app
+
+    add_job(api, f"'ok_fn', '1 hour', job_name => '{'n' * app.MAX_JOB_NAME}'")
+    with pytest.raises(psycopg.Error) as e:
+        add_job(api, f"'ok_fn', '1 hour', job_name => '{'n' * (app.MAX_JOB_NAME + 1)}'")
+    assert e.value.sqlstate == "22023" and f"at most {app.MAX_JOB_NAME} characters" in (e.value.diag.message_hint or "")

@@ -67,6 +67,9 @@ def test_the_schedulers_session_resolves_no_name_in_public(odb: OwnerDb) -> None
                 row = store.conn.execute("SELECT current_setting('search_path') AS p").fetchone()
                 path = row["p"] if row else None
                 cancelled = store.cancel_backend(victim.info.backend_pid)
+                # any unqualified call on the scheduler's session with an argument of that type (pid 1
+                # is no backend: pg_catalog's says so and returns false)
+                store.conn.execute("SELECT pg_cancel_backend(1::smallint)")
             finally:
                 store.close()
             hijacked = scalar(admin, "SELECT count(*) FROM public.hijacked")

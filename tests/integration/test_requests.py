@@ -164,6 +164,9 @@ def test_a_forged_trigger_starts_nothing_and_a_real_one_still_runs(db: str, jobs
             # slot, which would then never run as scheduled), and ids of requests that may exist.
             forge(stranger, f"trigger:{paused}:{micros(one(jobs, 'SELECT clock_timestamp()'))}",
                   f"trigger:{later}:{micros(slot)}",
+                  # ids no request has, which must not reach the database either ('²'.isdigit(),
+                  # and a number psycopg would send as numeric[]): the scheduler carries on
+                  "request:\u00b2", "request:99999999999999999999", "request:-1", "request:0", "request:",
                   *(f"request:{k}" for k in range(1, 20)))
             asked.append(one(jobs, "SELECT trigger_job(%s)", real))
         if asked and not replayed and runs_of(jobs, real, "success") >= 1:
