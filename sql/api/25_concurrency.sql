@@ -58,7 +58,8 @@ $$;
 
 -- Set how many runs of the jobs sharing `concurrency_key` may run at once, over every instance
 -- (0: none, they wait); NULL max_running returns the key to the default, 1. Only the catalog's
--- administrators (the scheduler's role and the roles that may SET ROLE to it: _catalog_admin)
+-- administrators (the scheduler's role and the roles that may SET ROLE to it and have its rights:
+-- _catalog_admin)
 -- set limits: a key is shared by every owner's jobs, so a limit is a setting of the database,
 -- not of one job. The schedulers are woken, so a raised limit takes effect at once. Returns the
 -- key's limit now.
