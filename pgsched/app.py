@@ -341,7 +341,7 @@ def job(
             else:
                 iv = schedule.parse_interval(every) if isinstance(every, str) else \
                     schedule.Interval.from_timedelta(every or timedelta(0))
-                schedule.check_interval(iv, fixed=fixed_schedule, argument="every")
+                schedule.check_new_interval(iv, fixed=fixed_schedule, argument="every")
                 text = str(iv)
         except schedule.ScheduleError as e:
             raise JobDeclarationError(f"{fn}: {e}") from None

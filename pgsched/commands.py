@@ -29,6 +29,16 @@ def _checked_dsn(ctx: click.Context, param: click.Parameter, value: str | None) 
     return value
 
 
+def _checked_job(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None
+                 ) -> str | tuple[str, ...] | None:
+    """JOB (each of JOB...): a blank one names no job, and would otherwise read as none given."""
+    for ref in (value,) if isinstance(value, str) else value or ():
+        if not ref.strip():
+            raise click.BadParameter(f"{ref!r} is blank: expected a job id or the name of a job you may see "
+                                     "(see `pgsched jobs`)", ctx=ctx, param=param)
+    return value
+
+
 dsn_option = click.option(
     "--dsn", default=None, callback=_checked_dsn,
     help="libpq connection string; default PGSCHED_DSN, then the libpq environment (PGHOST, PGDATABASE, ...).",
@@ -345,7 +355,7 @@ def jobs(dsn: str | None, state: str | None, failing: bool, owner: str | None, a
 
 
 @main.command()
-@click.argument("job", required=False)
+@click.argument("job", required=False, callback=_checked_job)
 @dsn_option
 @click.option("--outcome", type=OUTCOMES, default=None, help="Only runs with this outcome.")
 @click.option("--since", default=None, help="Only runs that ended (or started) this recently: 90s, 15m, 1h, 2d.")
@@ -361,7 +371,7 @@ def history(job: str | None, dsn: str | None, outcome: str | None, since: str | 
     except ValueError as e:
         raise click.BadParameter(str(e).split(": ", 1)[1], param_hint="--since") from None
     with _ops(dsn) as conn:
-        job_id = _job(conn, job).job_id if job else None
+        job_id = _job(conn, job).job_id if job is not None else None
         rows = query.history(conn, job_id=job_id, outcome=outcome, since=window, limit=limit)
     if as_json:
         render.emit_json(rows)
@@ -372,7 +382,7 @@ def history(job: str | None, dsn: str | None, outcome: str | None, since: str | 
 
 
 @main.command("next")
-@click.argument("job", required=False)
+@click.argument("job", required=False, callback=_checked_job)
 @click.option("--schedule", "expr", default=None, help="A cron expression or interval instead of a job's.")
 @click.option("--timezone", default=None, help="IANA time zone of --schedule (default UTC).")
 @click.option("-n", "--count", type=click.IntRange(1, 1000), default=5, show_default=True)
@@ -422,7 +432,7 @@ def _set_scheduled(dsn: str | None, refs: tuple[str, ...], scheduled: bool) -> N
 
 
 @main.command()
-@click.argument("jobs_", metavar="JOB...", nargs=-1, required=True)
+@click.argument("jobs_", metavar="JOB...", nargs=-1, required=True, callback=_checked_job)
 @dsn_option
 def pause(jobs_: tuple[str, ...], dsn: str | None) -> None:
     """Pause jobs (alter_job scheduled => false): a run in progress finishes."""
@@ -430,7 +440,7 @@ def pause(jobs_: tuple[str, ...], dsn: str | None) -> None:
 
 
 @main.command()
-@click.argument("jobs_", metavar="JOB...", nargs=-1, required=True)
+@click.argument("jobs_", metavar="JOB...", nargs=-1, required=True, callback=_checked_job)
 @dsn_option
 def resume(jobs_: tuple[str, ...], dsn: str | None) -> None:
     """Resume paused or disabled jobs (alter_job scheduled => true)."""
@@ -442,7 +452,7 @@ wait_option = click.option("--wait", type=click.FloatRange(0), default=10.0, sho
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", callback=_checked_job)
 @dsn_option
 @wait_option
 def trigger(job: str, dsn: str | None, wait: float) -> None:
@@ -466,7 +476,7 @@ def trigger(job: str, dsn: str | None, wait: float) -> None:
 
 
 @main.command()
-@click.argument("job")
+@click.argument("job", callback=_checked_job)
 @dsn_option
 @wait_option
 def cancel(job: str, dsn: str | None, wait: float) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "add_interval",
     "backoff_delay",
     "check_interval",
+    "check_new_interval",
     "cron_next",
     "cron_next_n",
     "eligible_at",
@@ -193,6 +194,21 @@ def check_interval(iv: Interval, *, fixed: bool, argument: str = "schedule") -> 
             f"interval '{iv}': month intervals cannot be combined with day or time parts on a fixed"
             " schedule; expected whole months (e.g. '1 month') or days and time (e.g. '30 days')",
         )
+
+
+# The shortest period a new schedule may have, as pgsched._check_min_period has it: the
+# scheduler's own resolution. Only new settings are held to it (a stored shorter one, from
+# before the rule, still runs).
+MIN_INTERVAL_MICROS = 1000
+
+
+def check_new_interval(iv: Interval, *, fixed: bool, argument: str = "schedule") -> None:
+    """check_interval, and the shortest period a job may be given (1 ms)."""
+    check_interval(iv, fixed=fixed, argument=argument)
+    if not iv.months and not iv.days and iv.micros < MIN_INTERVAL_MICROS:
+        raise ScheduleError(
+            argument, f"interval '{iv}' is shorter than 1 millisecond: expected an interval of at least"
+            " 1 millisecond, such as '30 seconds'")
 
 
 def _add_months(wall: datetime, n: int) -> datetime:

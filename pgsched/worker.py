@@ -374,6 +374,10 @@ def _fan_out(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int, se
     except psycopg.Error as e:
         return Done(run_id, ok=False, sqlstate=e.sqlstate, lost=conn.closed or conn.broken,
                     message=protocol.cap(f"scope_query: {e.diag.message_primary or e}"))
+    if not res.nfields:
+        # add_job refuses such a query; a row written by hand may still hold one.
+        return Done(run_id, ok=False, sqlstate="42P10",
+                    message="scope_query: it returns no column (its first column is the scope key)")
     keys = list(dict.fromkeys(k for k in (bytes(v).decode() for v in raw if v is not None) if k))
     if len(raw) > MAX_SCOPES or any(len(k) > MAX_SCOPE_KEY for k in keys):
         return Done(run_id, ok=False, sqlstate="54000",

@@ -220,6 +220,13 @@ BEGIN
     -- unit, hh:mm[:ss], an optional leading '@'), so both sides take the same texts and junk
     -- is refused, not stored.
     IF schedule !~* ('^\s*@?(?:' || token || ')+$') THEN
+        -- Five to seven fields that begin like a cron expression's are one with a word cron does
+        -- not know ('0 0 1 JANUARY *'): the cron parser's message names the field.
+        IF array_length(regexp_split_to_array(btrim(schedule), '\s+'), 1) BETWEEN 5 AND 7
+           AND (regexp_split_to_array(btrim(schedule), '\s+'))[1] ~ '^[0-9*/,?-]+$'
+           AND (regexp_split_to_array(btrim(schedule), '\s+'))[2] ~ '^[0-9*/,?-]+$' THEN
+            PERFORM pgsched._cron_parse(schedule);
+        END IF;
         rest := btrim(regexp_replace(schedule, '^\s*@?(?:' || token || ')*', '', 'i'));
         PERFORM pgsched._bad_arg('schedule',
             CASE WHEN rest = btrim(schedule) OR btrim(left(btrim(schedule), length(btrim(schedule)) - length(rest)))
@@ -259,6 +266,27 @@ BEGIN
     IF fixed_schedule AND parts.months <> 0 AND (parts.days <> 0 OR parts.micros <> 0) THEN
         PERFORM pgsched._bad_arg(argument, format('%s mixes months with days or time on a fixed schedule', iv),
             'either whole months (''1 month'') or days/time (''7 days''); use fixed_schedule => false to mix them');
+    END IF;
+END
+$$;
+
+-- The shortest period a job may be given (pgsched.schedule.MIN_INTERVAL_MICROS): the scheduler's
+-- own resolution, below which each plan would be late before it is made. A job's settings are
+-- held to it (_check_settings, and the typed schedule_interval of add_job and alter_job), not
+-- schedule previews (next_runs), and a job stored with a shorter period before the rule still runs.
+CREATE OR REPLACE FUNCTION pgsched._check_min_period(iv interval, argument text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    parts record;
+BEGIN
+    IF iv IS NULL THEN
+        RETURN;
+    END IF;
+    parts := pgsched._interval_parts(iv);
+    IF parts.months = 0 AND parts.days = 0 AND parts.micros < 1000 THEN
+        PERFORM pgsched._bad_arg(argument, format('%s is shorter than 1 millisecond', iv),
+                                 'an interval of at least 1 millisecond such as ''5 minutes''');
     END IF;
 END
 $$;

@@ -356,6 +356,7 @@ DECLARE
         || 'which the job does not run, such as ''* 2 * * *'' (02:00-02:59) or ''* * 25 12 *'' (Christmas Day), '
         || 'in the job''s time zone; or NULL for none (in alter_job: NULL keeps it, '''' removes it)';
     plan_line record;
+    no_column boolean := false;
     jitter_form constant text := 'a duration from 0 up to 1 day such as ''30 seconds'' (each planned start is '
         || 'delayed by a pseudo-random amount below it, the same on every instance; default 0: none)';
     excl record;
@@ -367,6 +368,7 @@ BEGIN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
     END IF;
     iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
+    PERFORM pgsched._check_min_period(iv, 'schedule');
     PERFORM pgsched._check_timezone(s.timezone);
     -- Plans are instants the scheduler and the cron code compute with: finite, within the years
     -- Python's datetime has (a later one would disable the job at its first plan).
@@ -530,6 +532,14 @@ BEGIN
                     pg_catalog.set_config('transaction_read_only', 'on', true);
             FOR plan_line IN EXECUTE 'EXPLAIN SELECT s.* FROM (' || s.scope_query || ') AS s' LOOP
             END LOOP;
+            -- The key is the first column: a query of none ('SELECT') plans, and would queue no
+            -- scope run at any plan. Naming one column fails for such a query only.
+            BEGIN
+                FOR plan_line IN EXECUTE 'EXPLAIN SELECT s.* FROM (' || s.scope_query || ') AS s(key)' LOOP
+                END LOOP;
+            EXCEPTION WHEN invalid_column_reference THEN
+                no_column := true;
+            END;
             RAISE EXCEPTION USING ERRCODE = 'PSQ00';
         EXCEPTION
             WHEN SQLSTATE 'PSQ00' THEN
@@ -541,6 +551,9 @@ BEGIN
                 PERFORM pgsched._bad_arg('scope_query', format('it does not plan as SELECT s.* FROM (<query>) '
                                                                || 'AS s: %s', SQLERRM), scope_form);
         END;
+        IF no_column THEN
+            PERFORM pgsched._bad_arg('scope_query', 'it returns no column', scope_form);
+        END IF;
     END IF;
     RETURN iv;
 END
@@ -560,6 +573,14 @@ DECLARE
     id integer;
 BEGIN
     PERFORM pgsched._check_owner_can_login();
+    IF if_not_exists IS NULL THEN
+        PERFORM pgsched._bad_arg('if_not_exists', 'NULL', 'true or false', '22004');
+    END IF;
+    -- alter_job takes '' for the scheduler's own database; a new job is given NULL for that.
+    IF s.database = '' THEN
+        PERFORM pgsched._bad_arg('database', 'empty',
+                                 'the name of a database of this server, or NULL for the scheduler''s own');
+    END IF;
     -- A job with upstreams and no schedule runs after them.
     IF s.schedule IS NULL AND s.depends_on IS NOT NULL THEN
         s.schedule := '@after';
@@ -685,7 +706,8 @@ CREATE OR REPLACE FUNCTION pgsched.add_job(
 RETURNS integer LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM pgsched._check_interval(schedule_interval, fixed_schedule, 'schedule_interval');
+    PERFORM pgsched._check_interval(schedule_interval, fixed_schedule, 'schedule_interval'),
+            pgsched._check_min_period(schedule_interval, 'schedule_interval');
     RETURN pgsched.add_job(proc => proc, schedule => pgsched._interval_text(schedule_interval), config => config,
                            initial_start => initial_start, scheduled => scheduled, check_config => check_config,
                            fixed_schedule => fixed_schedule, timezone => timezone, job_name => job_name,
@@ -749,6 +771,11 @@ BEGIN
                                  'one of schedule (text) or schedule_interval (interval)');
     END IF;
     IF _alter_job.schedule_interval IS NOT NULL THEN
+        -- Checked here, so that the error names the argument given (not the schedule it becomes).
+        PERFORM pgsched._check_interval(_alter_job.schedule_interval,
+                                        coalesce((given->>'fixed_schedule')::boolean, j.fixed_schedule),
+                                        'schedule_interval'),
+                pgsched._check_min_period(_alter_job.schedule_interval, 'schedule_interval');
         given := given || jsonb_build_object('schedule', pgsched._interval_text(_alter_job.schedule_interval));
     END IF;
     -- Names resolve for the job's owner; '{}' removes the dependencies.

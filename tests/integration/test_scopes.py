@@ -88,6 +88,8 @@ def test_the_scope_key_is_merged_into_the_config(db: str, shards: Conn) -> None:
     ("SELECT k FROM shards) AS s; COMMIT; DELETE FROM shards; SELECT * FROM (SELECT 1", "42601", "multiple commands"),
     # The query runs read-only: a function with side effects cannot write.
     ("SELECT k FROM shards, LATERAL (SELECT pg_catalog.nextval('effects_seq')) AS x", "25006", "read-only"),
+    # A query of no column has no key (add_job refuses it; a row written by hand may hold one).
+    ("SELECT FROM shards", "42P10", "no column"),
 ])
 def test_a_bad_scope_query_fails_the_plan_and_writes_nothing(db: str, shards: Conn, query: str, sqlstate: str,
                                                               text: str) -> None:

@@ -76,6 +76,8 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"cron": "0 0 31 2 *"}, "never fire"),
     ({"every": "five minutes"}, "is not an interval"),
     ({"every": "0 seconds"}, "not positive"),
+    ({"every": "999 microseconds"}, "shorter than 1 millisecond"),
+    ({"every": timedelta(microseconds=1)}, "shorter than 1 millisecond"),
     ({"every": "1 month 2 days"}, "cannot be combined"),
     ({"every": "1 minute", "timezone": "Mars/Olympus"}, "unknown time zone"),
     ({"every": "1 minute", "max_runtime": "1 month"}, "max_runtime must be a positive duration"),

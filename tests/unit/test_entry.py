@@ -61,3 +61,16 @@ def test_next_of_a_schedule_beyond_the_year_9999_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["next", "--schedule", "178000000 years"])
     assert result.exit_code == 2, result.output
     assert "--schedule" in result.output and "9999" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [["history", ""], ["next", " "], ["trigger", ""], ["cancel", "\t"],
+                                  ["pause", "1", ""], ["resume", ""]])
+def test_a_blank_job_is_a_usage_error_before_any_connection(args: list[str]) -> None:
+    """`history ''` listed every job's runs: a blank JOB read as no JOB at all."""
+    from click.testing import CliRunner
+
+    from pgsched.commands import main
+
+    result = CliRunner().invoke(main, [*args, "--dsn", "host=127.0.0.1 port=1 connect_timeout=1"])
+    assert result.exit_code == 2, result.output
+    assert "is blank: expected a job id or the name of a job" in result.output and "JOB" in result.output

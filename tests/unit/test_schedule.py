@@ -18,6 +18,7 @@ from pgsched.schedule import (
     add_interval,
     backoff_delay,
     check_interval,
+    check_new_interval,
     cron_next,
     cron_next_n,
     first_start,
@@ -113,6 +114,14 @@ def test_zone() -> None:
         assert exc.value.argument == "timezone"
         assert f"unknown time zone '{bad}'" in str(exc.value)
         assert "IANA name such as 'Europe/Berlin'" in str(exc.value)
+
+
+def test_new_intervals_are_at_least_a_millisecond_and_stored_ones_still_plan() -> None:
+    check_new_interval(Interval(micros=1000), fixed=True)
+    with pytest.raises(ScheduleError, match="shorter than 1 millisecond"):
+        check_new_interval(Interval(micros=999), fixed=True, argument="every")
+    # A job given a shorter period before the rule keeps running: the scheduler's Schedule takes it.
+    Schedule(interval=Interval(micros=1), cron=None)
 
 
 @pytest.mark.parametrize(
