@@ -20,7 +20,7 @@ DECLARE
         'plpython_available',
         -- what the API calls as the invoker
         '_bad_arg', '_is_cron', '_check_cron_syntax', '_check_timezone', '_parse_schedule', '_check_interval',
-        '_interval_parts', '_interval_text', '_delayed', '_check_schedule_exact', '_first_start',
+        '_check_min_period', '_interval_parts', '_interval_text', '_delayed', '_check_schedule_exact', '_first_start',
         '_check_proc', '_check_config', '_check_owner_can_login', '_check_database', '_check_job_writable', '_job_not_found',
         '_check_settings', '_exclude_leaves_no_start', '_insert_job', '_alter_job', '_catalog_admin',
         '_plannable', '_plannable_form', '_plus',
