@@ -469,8 +469,8 @@ def trigger(job: str, dsn: str | None, wait: float) -> None:
             run = query.manual_run(conn, j.job_id, plan)
     if run is None and wait > 0:
         _fail(f"job {j.job_id} ({j.job_name}): no scheduler started the run within {wait:g}s: is `pgsched serve` "
-              "running (with the job's --app, for a Python job)? A scheduler that heard the request starts it "
-              "once the job's run in progress ends")
+              "running (with the job's --app, for a Python job)? The request stands for 10 minutes: a scheduler "
+              "started meanwhile takes it, and one that heard it starts it once the job's run in progress ends")
     click.echo(f"job {j.job_id} ({j.job_name}): " +
                (f"run {run['run_id']} started" if run else f"run requested (plan_time {plan.isoformat()})"))
 

@@ -127,7 +127,8 @@ class Scheduler(Requests):
                 if self.store.catalog_changed:  # a job may have been deleted
                     self.store.catalog_changed = False
                     self._cancel_deleted_runs()
-                self._take_requests()
+            # Also those found pending when it began to listen (Store.listen), with no notification.
+            self._take_requests()
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
                 assert self.instance_id is not None

@@ -251,6 +251,11 @@ class Store:
     def listen(self) -> None:
         self.conn.execute(f"LISTEN {CHANNEL}")
         self.listening = True
+        # Requests made while this scheduler did not listen (it was not running, cut off or a
+        # standby): their notifications are gone, their rows are not. Read after LISTEN, so that
+        # none falls between the two; one heard twice is read and acted on once (_take_requests).
+        self.requests.extend(int(r["request_id"]) for r in self.conn.execute(
+            "SELECT request_id FROM pgsched.request ORDER BY request_id"))
 
     def close(self) -> None:
         if not self.conn.closed:

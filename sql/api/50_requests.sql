@@ -20,10 +20,11 @@
 --     same transaction (_start_request), so whichever scheduler starts it first, the others find
 --     it gone, and it runs once.
 --   A cancel names a run, which only the scheduler holding it takes (_requests).
--- A request older than _request_ttl() is not acted on, and the purge deletes it. A request that
--- no scheduler hears (none is running) is not acted on either: a scheduler reads a request when
--- it is woken for it. The CLI therefore waits for the run to start (or end) and says so when it
--- does not.
+-- A request older than _request_ttl() is not acted on, and the purge deletes it. A scheduler
+-- reads a request when it is woken for it, and reads every pending one when it begins to listen
+-- (at start, after a reconnect, when its server is promoted: pgsched.store.Store.listen), so a
+-- request made while no scheduler listened is acted on by the first that starts within the TTL.
+-- The CLI waits for the run to start (or end) and says so when it does not.
 -- Both check that the session's user may act for the job's owner, as run_job does; a job
 -- the caller may not act for is reported as not found (42704), like run_job's.
 

@@ -235,3 +235,36 @@ def test_a_request_past_its_ttl_is_not_acted_on_and_the_purge_deletes_it(jobs: C
     assert runs_of(jobs, j) == 0
     jobs.execute("SELECT * FROM pgsched.purge_history()")
     assert one(jobs, "SELECT count(*) FROM pgsched.request") == 0
+
+
+def test_a_request_made_while_no_scheduler_listened_is_acted_on_when_one_starts(db: str, jobs: Conn) -> None:
+    """Its notification went to nobody; a scheduler that starts within the request's TTL reads the row."""
+    j = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    plan = one(jobs, "SELECT trigger_job(%s)", j)
+    # Another job's trigger past its TTL, still in the table (the purge has not run): not started.
+    stale = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    one(jobs, "SELECT trigger_job(%s)", stale)
+    jobs.execute("UPDATE pgsched.request SET requested_at = requested_at - pgsched._request_ttl() "
+                 "WHERE job_id = %s", (stale,))
+    serve_with(db, lambda: runs_of(jobs, j, "success") >= 1, timeout=15)
+    assert jobs.execute("SELECT trigger, plan_time, outcome FROM job_history WHERE job_id = %s",
+                        (j,)).fetchall() == [("manual", plan, "success")]
+    assert runs_of(jobs, stale, "success") == 0
+    assert one(jobs, "SELECT count(*) FROM pgsched.request WHERE job_id = %s", j) == 0
+
+
+def test_a_request_made_while_the_scheduler_was_cut_off_is_acted_on_when_it_reconnects(db: str, jobs: Conn) -> None:
+    j = one(jobs, "SELECT add_job('hit', '1 hour', initial_start => now() + interval '1 day')")
+    asked: list[Any] = []
+
+    def until() -> bool:
+        if not asked and alive(jobs):
+            # The scheduler's own connection is gone (waited for) before the request is made.
+            assert one(jobs, "SELECT bool_and(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
+                             "WHERE application_name = 'pgsched scheduler'")
+            asked.append(one(jobs, "SELECT trigger_job(%s)", j))
+        return bool(asked) and runs_of(jobs, j, "success") >= 1
+
+    serve_with(db, until, timeout=15)
+    assert jobs.execute("SELECT trigger, plan_time, outcome FROM job_history WHERE job_id = %s",
+                        (j,)).fetchall() == [("manual", asked[0], "success")]
