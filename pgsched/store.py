@@ -10,6 +10,7 @@ store anchors the scheduler's clock on the database time its queries return.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import operator
@@ -254,8 +255,10 @@ class Store:
         # Requests made while this scheduler did not listen (it was not running, cut off or a
         # standby): their notifications are gone, their rows are not. Read after LISTEN, so that
         # none falls between the two; one heard twice is read and acted on once (_take_requests).
-        self.requests.extend(int(r["request_id"]) for r in self.conn.execute(
-            "SELECT request_id FROM pgsched.request ORDER BY request_id"))
+        # (A schema of before migration 0016 has no such table: check_version, next, says what to do.)
+        with contextlib.suppress(psycopg.errors.UndefinedTable):
+            self.requests.extend(int(r["request_id"]) for r in self.conn.execute(
+                "SELECT request_id FROM pgsched.request ORDER BY request_id"))
 
     def close(self) -> None:
         if not self.conn.closed:
