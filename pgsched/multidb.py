@@ -34,7 +34,7 @@ from typing import IO, Any
 import psycopg
 import psycopg.conninfo
 
-from pgsched.config import redact
+from pgsched.config import pin_search_path, redact
 
 log = logging.getLogger("pgsched.multidb")
 
@@ -61,6 +61,7 @@ def installed_databases(dsn: str) -> list[str]:
     A database this role may not connect to, or that is dropped meanwhile, is left out.
     """
     with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        pin_search_path(conn)
         names = [str(r[0]) for r in conn.execute(
             "SELECT datname FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate ORDER BY 1")]
     found = []
@@ -68,6 +69,7 @@ def installed_databases(dsn: str) -> list[str]:
         try:
             with psycopg.connect(database_dsn(dsn, name), autocommit=True, connect_timeout=5,
                                  application_name="pgsched launcher") as conn:
+                pin_search_path(conn)
                 row = conn.execute("SELECT pg_catalog.to_regclass('pgsched.migration') IS NOT NULL").fetchone()
         except psycopg.Error as e:
             log.debug("database %s skipped: %s", name, str(e).strip().splitlines()[0] if str(e) else e)

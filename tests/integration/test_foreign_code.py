@@ -5,7 +5,9 @@ runs only in the owner's own session, and pgsched's own sessions resolve no name
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -79,3 +81,28 @@ def test_the_schedulers_session_resolves_no_name_in_public(odb: OwnerDb) -> None
     assert path == "pg_catalog, pg_temp"
     assert cancelled is True
     assert hijacked == 0
+
+
+def test_the_launchers_sessions_resolve_no_name_in_public(odb: OwnerDb, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve --all-databases` looks through the cluster's databases with sessions of its own: each
+    has pg_catalog's path before its first statement (pgsched.multidb.installed_databases)."""
+    from pgsched import multidb
+
+    seen: list[str] = []
+    real_connect = psycopg.connect
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        conn = real_connect(*args, **kwargs)
+        real_execute = conn.execute
+
+        def execute(query: Any, *rest: Any, **kw: Any) -> Any:
+            if "search_path" not in str(query):
+                seen.append(str(real_execute("SELECT current_setting('search_path')").fetchone()[0]))  # type: ignore[index]
+            return real_execute(query, *rest, **kw)
+
+        conn.execute = execute  # type: ignore[method-assign]
+        return conn
+
+    monkeypatch.setattr(psycopg, "connect", connect)  # the module multidb calls it through
+    assert odb.dbname in multidb.installed_databases(odb.dsn(odb.scheduler))
+    assert seen and set(seen) == {"pg_catalog, pg_temp"}, seen
