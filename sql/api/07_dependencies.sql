@@ -35,14 +35,15 @@ RETURN 'an array of 1 to 100 job ids or names of jobs the job''s owner may see, 
     || 'ARRAY[''nightly_rollup''] or ''{1001,1002}'' (in alter_job: NULL keeps them, ''{}'' removes them)';
 
 -- Whether jobs of `owner` may depend on a job of `job_owner`: the rule of the job_read policy
--- (0002_security.sql) for the owner instead of the caller, so that a dependent never reveals (its
--- waits, its disable reasons) what its owner could not read anyway.
+-- (pgsched._may_see_as, migration 0018) for the owner instead of the caller, so that a dependent
+-- never reveals (its waits, its disable reasons) what its owner could not read anyway.
 CREATE OR REPLACE FUNCTION pgsched._may_see(owner regrole, job_owner regrole)
 RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pg_catalog.pg_has_role(owner, job_owner, 'MEMBER')
-        OR pg_catalog.pg_has_role(owner, (SELECT d.datdba FROM pg_catalog.pg_database d
-                                           WHERE d.datname = pg_catalog.current_database()), 'MEMBER')
+    SELECT pgsched._may_see_as(pg_catalog.pg_get_userbyid(owner), job_owner)
+        OR pgsched._may_see_as(pg_catalog.pg_get_userbyid(owner),
+                               (SELECT d.datdba FROM pg_catalog.pg_database d
+                                 WHERE d.datname = pg_catalog.current_database()))
 $$;
 
 -- The upstream jobs `refs` names (ids or names), as sorted distinct ids; NULL stays NULL (not

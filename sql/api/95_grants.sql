@@ -24,8 +24,9 @@ DECLARE
         '_check_proc', '_check_config', '_check_owner_can_login', '_check_database', '_check_job_writable', '_job_not_found',
         '_check_settings', '_exclude_leaves_no_start', '_insert_job', '_alter_job', '_catalog_admin',
         '_plannable', '_plannable_form', '_plus',
-        -- who may act as a job's owner, asked by the write policies as the writer (migration 0017)
-        '_may_act_as',
+        -- who may act as a job's owner, asked by the write policies as the writer (migration 0017),
+        -- and who may see its jobs, asked by the read policy as the reader (migration 0018)
+        '_may_act_as', '_may_see_as',
         '_settings', '_settings_defaults', '_job_settings', '_settings_columns', '_store_settings',
         '_store_new_job', '_first_next_start', '_replan', '_iv_months', '_iv_days', '_iv_micros',
         -- run_job's marks: SECURITY DEFINER, limited to the caller's own manual run (20_runs.sql)

@@ -673,12 +673,12 @@ def test_a_member_who_may_not_set_role_to_the_owner_cannot_write_or_run_its_jobs
             f"INSERT INTO pgsched.job (job_name, owner, kind, command, schedule) "
             f"VALUES ('evil', '{odb.bob}', 'command', 'SELECT 1', '1 minute')": "42501",
             f"UPDATE pgsched.job SET owner = '{odb.bob}' WHERE job_id = {mine}": "42501",
-            # the API: she may see bob's jobs (she is a member), so alter/delete/run say so ...
-            f"SELECT pgsched.alter_job({c}, schedule => '1 minute')": "42501",
-            f"SELECT pgsched.delete_job({b})": "42501",
-            f"SELECT pgsched.unschedule({c}::bigint)": "42501",
-            f"CALL pgsched.run_job({c})": "42501",
-            # ... and the SECURITY DEFINER ones answer as for a job that does not exist
+            # the API: she may not see bob's jobs either (pgsched._may_see_as, migration 0018), so
+            # every call answers as for a job that does not exist
+            f"SELECT pgsched.alter_job({c}, schedule => '1 minute')": "42704",
+            f"SELECT pgsched.delete_job({b})": "42704",
+            f"SELECT pgsched.unschedule({c}::bigint)": "42704",
+            f"CALL pgsched.run_job({c})": "42704",
             f"SELECT pgsched.trigger_job({c})": "42704",
             f"SELECT * FROM pgsched.cancel_job({c})": "42704",
             f"SELECT pgsched._run_job_start({c})": "42704",
@@ -686,6 +686,62 @@ def test_a_member_who_may_not_set_role_to_the_owner_cannot_write_or_run_its_jobs
         for stmt, state in refused.items():
             assert sqlstate_of(carol, stmt) == state, stmt
         assert snapshot(s.admin) == before
+        s.admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (mine,))
+
+
+def test_may_see_as_is_what_reading_the_owners_objects_allows(s: Sessions) -> None:
+    """The read rule, against PostgreSQL's own: pgsched._may_see_as(member, owner) is true exactly
+    when the member's session may read a table only the owner may (it has the owner's rights) or
+    may SET ROLE to the owner, for every kind of grant the server has."""
+    odb = s.odb
+    if server_major(s.admin) >= 16:
+        grants = ["", "WITH SET FALSE", "WITH INHERIT FALSE", "WITH INHERIT FALSE, SET FALSE",
+                  "WITH INHERIT FALSE, SET TRUE", "WITH ADMIN TRUE, INHERIT FALSE, SET FALSE", None]
+    else:
+        grants = ["", None]
+    s.admin.execute("CREATE TABLE public.bobs_own (x int)")
+    s.admin.execute(sql.SQL("ALTER TABLE public.bobs_own OWNER TO {}").format(sql.Identifier(odb.bob)))
+    try:
+        with cluster_roles(odb.server, ("carol",)) as names, odb.connect(names["carol"]) as carol:
+            for options in grants:
+                if options is not None:
+                    grant(s.admin, odb.bob, names["carol"], options)
+                may = scalar(carol, "SELECT pgsched._may_see_as(current_user, %s::regrole)", (odb.bob,))
+                reads = sqlstate_of(carol, "SELECT * FROM public.bobs_own") is None
+                becomes = sqlstate_of(carol, sql.SQL("SET ROLE {}").format(sql.Identifier(odb.bob)).as_string(carol)) \
+                    is None
+                carol.execute("RESET ROLE")
+                assert may == (reads or becomes), options
+                s.admin.execute(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(odb.bob),
+                                                                    sql.Identifier(names["carol"])))
+    finally:
+        s.admin.execute("DROP TABLE public.bobs_own")
+
+
+@pytest.mark.parametrize(("options", "sees"), [("WITH INHERIT FALSE, SET FALSE", False),
+                                                ("WITH INHERIT TRUE, SET FALSE", True),
+                                                ("WITH INHERIT FALSE, SET TRUE", True)])
+def test_a_member_sees_the_owners_jobs_only_with_its_rights_or_its_identity(s: Sessions, options: str,
+                                                                             sees: bool) -> None:
+    """GRANT bob TO carol WITH INHERIT FALSE, SET FALSE gives carol neither bob's rights nor his
+    identity: she sees none of his jobs, their stats or their runs (their configs and errors),
+    and her jobs may not name his as upstreams. With either, she sees them as before."""
+    if server_major(s.admin) < 16:
+        pytest.skip("GRANT ... WITH INHERIT/SET is new in PostgreSQL 16; on 15 a member has both")
+    odb = s.odb
+    _, b, c = two_owners(s)
+    with cluster_roles(odb.server, ("carol",)) as names, odb.connect(names["carol"]) as carol:
+        grant(s.admin, odb.bob, names["carol"], options)
+        mine = scalar(carol, "SELECT pgsched.schedule('carols', '1 hour', 'SELECT 1')")
+        theirs = {b, c} if sees else set()
+        for relation in ("pgsched.jobs", "pgsched.job_stats", "pgsched.job", "pgsched.job_stat"):
+            assert ids(carol, relation) == theirs | {mine}, relation
+        assert ids(carol, "pgsched.job_history") == ({b} if sees else set())
+        secret = scalar(carol, "SELECT count(*) FROM pgsched.job_history WHERE message LIKE '%%bob-secret-42%%'")
+        assert secret == (1 if sees else 0)
+        # An upstream is named as the job's owner may see it (pgsched._may_see).
+        state = sqlstate_of(carol, f"SELECT * FROM pgsched.alter_job({mine}, depends_on => ARRAY['{b}'])")
+        assert state == (None if sees else "22023"), state  # "no job ... that role ... may see"
         s.admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (mine,))
 
 
