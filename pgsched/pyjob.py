@@ -115,37 +115,55 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
 def run_now(dsn: str, job_id: int) -> Done:
     """Run a Python job once, now, in this process, recorded like any run (trigger 'manual').
 
-    The app modules must already be imported. Returns the outcome message.
+    The app modules must already be imported. The handler gets a session of the job's owner in
+    the job's database, opened as a worker opens one (pgsched.worker.Session), not the caller's:
+    the run marks are the caller's (the scheduler's role), the job's SQL is its owner's. Returns
+    the run's outcome.
     """
     import os
 
-    from pgsched import app
+    from pgsched import app, worker
 
     with psycopg.connect(dsn, autocommit=True, application_name=f"pgsched run {job_id}") as conn:
         conn.prepare_threshold = None
         row = conn.execute(
-            """SELECT j.job_name, j.kind, j.code_module, j.code_function, j.config
+            """SELECT j.job_name, j.kind, j.code_module, j.code_function, j.config, j.owner::text, j.database
                  FROM pgsched.job j WHERE j.job_id = %s""", (job_id,)).fetchone()
         if row is None:
             raise app.JobDeclarationError(f"job {job_id} not found")
-        name, kind, module, function, config = row
+        name, kind, module, function, config, owner, database = row
         if kind != "python":
             conn.execute("CALL pgsched.run_job(%s)", (job_id,))
             return Done(0, ok=True)
-        run_id = conn.execute(
-            "SELECT pgsched._mark_start(%s, clock_timestamp(), 'manual', %s, pg_backend_pid())",
-            (job_id, os.getpid())).fetchone()
-        assert run_id is not None
-        msg = {"run_id": run_id[0], "job_id": job_id, "job_name": name, "code_module": module,
-               "code_function": function, "config": config, "lease_token": None}
-        heartbeat = Heartbeat(dsn)
+        # Opened before the run is marked: a session that cannot be had records no run.
+        session = worker.Session(dsn)
         try:
-            result = run(conn, msg, heartbeat)
+            try:
+                session.become(owner, database or None)
+            except psycopg.Error as e:
+                raise app.JobDeclarationError(
+                    f"job {job_id}: cannot open a session as the job's owner {owner}"
+                    f"{f' in database {database}' if database else ''}: {str(e).strip()}") from None
+            run_id, plan = conn.execute(
+                "SELECT pgsched._mark_start(%s, t, 'manual', %s, %s), t FROM pg_catalog.clock_timestamp() AS t",
+                (job_id, os.getpid(), session.backend_pid)).fetchone() or (None, None)
+            assert run_id is not None and plan is not None
+            msg = {"run_id": run_id, "job_id": job_id, "job_name": name, "code_module": module,
+                   "code_function": function, "config": config, "lease_token": None, "plan_time": plan.isoformat()}
+            heartbeat = Heartbeat(dsn)
+            try:
+                session.conn.execute("SELECT " + worker.SET_UP,
+                                     (f"pgsched run {job_id}", str(run_id), plan.isoformat(), ""))
+                result = run(session.conn, msg, heartbeat)
+            except psycopg.Error as e:
+                result = Done(run_id, ok=False, sqlstate=e.sqlstate, message=describe(e))
+            finally:
+                heartbeat.close()
         finally:
-            heartbeat.close()
+            session.close()
         conn.execute(
             "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, clock_timestamp(), NULL, %s, %s)",
-            (run_id[0], "success" if result.ok else "failure", result.sqlstate, result.message,
+            (run_id, "success" if result.ok else "failure", result.sqlstate, result.message,
              result.rows_affected, psycopg.types.json.Jsonb(result.result)),
         )
         return result

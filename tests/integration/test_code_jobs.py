@@ -6,6 +6,7 @@ import importlib
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,12 +14,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import tests.apps.demo_jobs  # noqa: F401  (registers the demo handlers)
 from pgsched import app
 from pgsched.clock import DbClock
 from pgsched.scheduler import Scheduler, Settings
 from pgsched.store import Store
+from tests.conftest import PgServer
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 DEMO = "tests.apps.demo_jobs"
@@ -378,3 +381,40 @@ def test_run_job_in_sql_points_to_the_cli_for_python_jobs(db: str, conn: Conn) -
     deploy(db, [DEMO])
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="pgsched run"):
         conn.execute("CALL run_job(%s)", (job_id(conn, "demo.ok"),))
+
+
+def test_pgsched_run_of_a_python_job_runs_as_its_owner_in_its_database(db: str, conn: Conn,
+                                                                       pg_server: PgServer) -> None:
+    """`pgsched run` (pyjob.run_now) hands the handler a session of the job's owner in the job's
+    database, as a worker would, not the caller's session: the caller only marks the run."""
+    from pgsched import pyjob
+
+    other = pg_server.create_db(template=None)
+    role = f"pyowner_{uuid.uuid4().hex[:8]}"
+    hits = ("CREATE TABLE py_hits (job text, plan_time timestamptz, attempt int, config jsonb, "
+            "who name DEFAULT session_user, acting name DEFAULT current_user, db name DEFAULT current_database())")
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        with psycopg.connect(pg_server.dsn(other), autocommit=True) as there:
+            there.execute(hits)
+            there.execute(sql.SQL("GRANT INSERT ON py_hits TO {}").format(sql.Identifier(role)))
+        deploy(db, [DEMO])
+        j = job_id(conn, "demo.ok")
+        conn.execute("UPDATE pgsched.job SET owner = %s::regrole, database = %s WHERE job_id = %s", (role, other, j))
+        result = pyjob.run_now(db, j)
+        assert result.ok, result.message
+        with psycopg.connect(pg_server.dsn(other), autocommit=True) as there:
+            rows = there.execute("SELECT job, plan_time, who, acting, db FROM py_hits").fetchall()
+        plan = one(conn, "SELECT plan_time FROM job_history WHERE job_id = %s AND trigger = 'manual' "
+                         "AND outcome = 'success'", j)
+        assert rows == [("demo.ok", plan, role, role, other)]
+        # A role the owner's session cannot be opened as records no run and says why.
+        conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        with pytest.raises(app.JobDeclarationError, match=f"cannot open a session as the job's owner {role} "
+                                                          f"in database {other}"):
+            pyjob.run_now(db, j)
+        assert one(conn, "SELECT count(*) FROM job_history WHERE job_id = %s", j) == 1
+    finally:
+        conn.execute("DELETE FROM pgsched.job WHERE code_module = %s", (DEMO,))
+        pg_server.drop_db(other)
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
