@@ -141,8 +141,8 @@ $$;
 
 -- Keep job_dependency equal to job.depends_on (the job's trigger calls this, for writes through the
 -- API and direct ones alike): edges that stay keep their marks, new ones start unmarked. A direct
--- write is held to the API's rules: an upstream the owner may not see is refused as if it did not
--- exist, and so is a cycle (_check_upstreams). inserted: a new job. A new job may name ids that do
+-- write is held to the API's rules: an upstream the owner may not see is taken as if it did not
+-- exist, and a cycle is refused (_check_upstreams). inserted: a new job. A new job may name ids that do
 -- not exist yet, and jobs inserted before it may name it, when their owner may see it (pg_restore of
 -- an extension's catalog inserts jobs in any order; job_dependency is not dumped: it is derived, and
 -- its marks are transient).
@@ -170,9 +170,13 @@ BEGIN
     ELSIF NOT inserted THEN
         PERFORM pgsched._check_upstreams(_sync_dependencies.job_id, added);
     END IF;
+    -- A new job may name an id that does not exist (yet), so one the owner may not see is taken
+    -- the same way, with no edge (below): refusing it would tell the writer the id exists. A
+    -- changed job's new upstreams must exist and be visible, both refused alike.
     SELECT u INTO bad FROM unnest(added) AS u
-     WHERE (NOT inserted AND NOT EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u))
-        OR EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u AND NOT pgsched._may_see(_sync_dependencies.owner, j.owner))
+     WHERE NOT inserted
+       AND NOT EXISTS (SELECT 1 FROM pgsched.job j
+                        WHERE j.job_id = u AND pgsched._may_see(_sync_dependencies.owner, j.owner))
      LIMIT 1;
     IF bad IS NOT NULL THEN
         PERFORM pgsched._bad_arg('depends_on', format('no job %L that role %s may see', bad::text, _sync_dependencies.owner),
@@ -185,7 +189,8 @@ BEGIN
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
     SELECT _sync_dependencies.job_id, u FROM unnest(depends_on) AS u
-     WHERE EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = u)
+     WHERE EXISTS (SELECT 1 FROM pgsched.job j
+                    WHERE j.job_id = u AND pgsched._may_see(_sync_dependencies.owner, j.owner))
     ON CONFLICT DO NOTHING;
 END
 $$;
@@ -226,7 +231,9 @@ BEGIN
     WITH hit AS (
         SELECT j.job_id, string_agg(format('%s (%s)', g.job_id, g.job_name), ', ' ORDER BY g.job_id) AS names
           FROM pgsched.job j JOIN gone g ON g.job_id = ANY (j.depends_on)
-         WHERE j.depends_on && gone_ids
+         -- (one that names an upstream its owner may not see never had its edge: _sync_dependencies;
+         -- its name stays, as that of an id that never existed, and the deletion tells it nothing)
+         WHERE j.depends_on && gone_ids AND pgsched._may_see(j.owner, g.owner)
          GROUP BY j.job_id
     ), d AS (
         UPDATE pgsched.job j

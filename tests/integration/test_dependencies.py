@@ -299,6 +299,19 @@ def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, 
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             api.execute("SELECT pgsched._check_upstreams(%s, %s)", (up, [mine]))
         assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+        # A direct INSERT may name an id that does not exist (yet: pg_restore inserts in any order);
+        # one it may not see is taken alike, so the answer does not tell which ids exist, and it
+        # gets no edge: the hidden job's runs never reach the new one.
+        for upstream in (up, 999999):
+            api.execute("INSERT INTO pgsched.job (job_name, kind, command, schedule, depends_on) "
+                        "VALUES (%s, 'command', 'SELECT 1', '@after', %s)", (f"after_{upstream}", [upstream]))
+        assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+        # ... nor does deleting the hidden job: its name stays, as that of an id that never existed.
+        with psycopg.connect(db, autocommit=True) as admin:
+            admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (up,))
+        assert api.execute("SELECT j.job_name, j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
+                           "JOIN pgsched.job_stat s USING (job_id) WHERE j.job_name LIKE 'after_%%' ORDER BY 1"
+                           ).fetchall() == [(f"after_{up}", [up], True, None), ("after_999999", [999999], True, None)]
 
 
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
