@@ -126,15 +126,22 @@ def run_now(dsn: str, job_id: int) -> Done:
 
     with psycopg.connect(dsn, autocommit=True, application_name=f"pgsched run {job_id}") as conn:
         conn.prepare_threshold = None
+        # The owner's name as a login takes it (regrole's text would quote it), as the claim reads it.
         row = conn.execute(
-            """SELECT j.job_name, j.kind, j.code_module, j.code_function, j.config, j.owner::text, j.database
-                 FROM pgsched.job j WHERE j.job_id = %s""", (job_id,)).fetchone()
+            """SELECT j.job_name, j.kind, j.code_module, j.code_function, j.config, r.rolname, j.database
+                 FROM pgsched.job j LEFT JOIN pg_catalog.pg_roles r ON r.oid = j.owner
+                WHERE j.job_id = %s""", (job_id,)).fetchone()
         if row is None:
             raise app.JobDeclarationError(f"job {job_id} not found")
         name, kind, module, function, config, owner, database = row
         if kind != "python":
             conn.execute("CALL pgsched.run_job(%s)", (job_id,))
             return Done(0, ok=True)
+        if owner is None:
+            raise app.JobDeclarationError(f"job {job_id}: its owner role no longer exists")
+        # From here on the session only marks the run, as the scheduler's would (a SQL job's
+        # run_job, above, runs the job's SQL in it and keeps the caller's path).
+        pin_search_path(conn)
         # Opened before the run is marked: a session that cannot be had records no run.
         session = worker.Session(dsn)
         try:
@@ -162,7 +169,7 @@ def run_now(dsn: str, job_id: int) -> Done:
         finally:
             session.close()
         conn.execute(
-            "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, clock_timestamp(), NULL, %s, %s)",
+            "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, pg_catalog.clock_timestamp(), NULL, %s, %s)",
             (run_id, "success" if result.ok else "failure", result.sqlstate, result.message,
              result.rows_affected, psycopg.types.json.Jsonb(result.result)),
         )

@@ -127,7 +127,7 @@ class Scheduler(Requests):
                 if self.store.catalog_changed:  # a job may have been deleted
                     self.store.catalog_changed = False
                     self._cancel_deleted_runs()
-            # Also those found pending when it began to listen (Store.listen), with no notification.
+            # Also those found pending when it began to listen (Store.take_pending_requests).
             self._take_requests()
             now_mono = time.monotonic()
             if now_mono >= self._heartbeat_at:
@@ -283,6 +283,7 @@ class Scheduler(Requests):
         self._ensure_workers()
         if not self.store.listening:  # connected while the server was a standby
             self.store.listen()
+        self.store.take_pending_requests()
         if first and self.settings.apps:
             self._deploy()
         if first:

@@ -10,7 +10,6 @@ store anchors the scheduler's clock on the database time its queries return.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import operator
@@ -252,13 +251,16 @@ class Store:
     def listen(self) -> None:
         self.conn.execute(f"LISTEN {CHANNEL}")
         self.listening = True
-        # Requests made while this scheduler did not listen (it was not running, cut off or a
-        # standby): their notifications are gone, their rows are not. Read after LISTEN, so that
-        # none falls between the two; one heard twice is read and acted on once (_take_requests).
-        # (A schema of before migration 0016 has no such table: check_version, next, says what to do.)
-        with contextlib.suppress(psycopg.errors.UndefinedTable):
-            self.requests.extend(int(r["request_id"]) for r in self.conn.execute(
-                "SELECT request_id FROM pgsched.request ORDER BY request_id"))
+
+    def take_pending_requests(self) -> None:
+        """Queue every pending request, as if its notification had just arrived.
+
+        Requests made while this scheduler did not listen (it was not running, cut off or a
+        standby) lost their notifications, not their rows. Called once it listens and its schema
+        was checked (Scheduler._become_active), so none falls between LISTEN and this read; one
+        also heard is read and acted on once (Requests._take_requests)."""
+        self.requests.extend(int(r["request_id"]) for r in self._execute(
+            "SELECT request_id FROM pgsched.request ORDER BY request_id"))
 
     def close(self) -> None:
         if not self.conn.closed:

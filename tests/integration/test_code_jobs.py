@@ -390,7 +390,7 @@ def test_pgsched_run_of_a_python_job_runs_as_its_owner_in_its_database(db: str, 
     from pgsched import pyjob
 
     other = pg_server.create_db(template=None)
-    role = f"pyowner_{uuid.uuid4().hex[:8]}"
+    role = f"Py Owner-{uuid.uuid4().hex[:8]}"  # a name regrole's text would quote
     hits = ("CREATE TABLE py_hits (job text, plan_time timestamptz, attempt int, config jsonb, "
             "who name DEFAULT session_user, acting name DEFAULT current_user, db name DEFAULT current_database())")
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
@@ -400,7 +400,8 @@ def test_pgsched_run_of_a_python_job_runs_as_its_owner_in_its_database(db: str, 
             there.execute(sql.SQL("GRANT INSERT ON py_hits TO {}").format(sql.Identifier(role)))
         deploy(db, [DEMO])
         j = job_id(conn, "demo.ok")
-        conn.execute("UPDATE pgsched.job SET owner = %s::regrole, database = %s WHERE job_id = %s", (role, other, j))
+        conn.execute("UPDATE pgsched.job SET owner = (SELECT oid FROM pg_roles WHERE rolname = %s), database = %s "
+                     "WHERE job_id = %s", (role, other, j))
         result = pyjob.run_now(db, j)
         assert result.ok, result.message
         with psycopg.connect(pg_server.dsn(other), autocommit=True) as there:
