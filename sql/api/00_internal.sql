@@ -271,9 +271,10 @@ END
 $$;
 
 -- The shortest period a job may be given (pgsched.schedule.MIN_INTERVAL_MICROS): the scheduler's
--- own resolution, below which each plan would be late before it is made. A job's settings are
--- held to it (_check_settings, and the typed schedule_interval of add_job and alter_job), not
--- schedule previews (next_runs), and a job stored with a shorter period before the rule still runs.
+-- own resolution, below which each plan would be late before it is made. A schedule given to a
+-- job is held to it (add_job, schedule, alter_job when it changes the schedule, and the typed
+-- schedule_interval of add_job and alter_job), not schedule previews (next_runs); a job stored
+-- with a shorter period before the rule still runs, and may be paused or altered otherwise.
 CREATE OR REPLACE FUNCTION pgsched._check_min_period(iv interval, argument text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -644,7 +645,7 @@ BEGIN
         -- The job's row before its edges, in the order of an upstream's close (20_runs.sql), which
         -- would otherwise hold the row and wait for an edge this holds.
         PERFORM 1 FROM pgsched.job_stat st WHERE st.job_id = NEW.job_id FOR UPDATE;
-        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.owner, NEW.depends_on, false);
+        PERFORM pgsched._sync_dependencies(NEW.job_id, NEW.owner, NEW.depends_on, false, OLD.depends_on);
     END IF;
     IF (NEW.priority, NEW.jitter, NEW.concurrency_key) IS DISTINCT FROM (OLD.priority, OLD.jitter, OLD.concurrency_key)
     THEN

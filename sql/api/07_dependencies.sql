@@ -37,13 +37,14 @@ RETURN 'an array of 1 to 100 job ids or names of jobs the job''s owner may see, 
 -- Whether jobs of `owner` may depend on a job of `job_owner`: the rule of the job_read policy
 -- (pgsched._may_see_as, migration 0018) for the owner instead of the caller, so that a dependent
 -- never reveals (its waits, its disable reasons) what its owner could not read anyway.
+-- An owner role dropped since (its jobs stay, docs/security.md) may see nothing: false, not an error.
 CREATE OR REPLACE FUNCTION pgsched._may_see(owner regrole, job_owner regrole)
 RETURNS boolean LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched._may_see_as(pg_catalog.pg_get_userbyid(owner), job_owner)
-        OR pgsched._may_see_as(pg_catalog.pg_get_userbyid(owner),
-                               (SELECT d.datdba FROM pg_catalog.pg_database d
-                                 WHERE d.datname = pg_catalog.current_database()))
+    SELECT coalesce((SELECT pgsched._may_see_as(r.rolname, job_owner)
+                            OR pgsched._may_see_as(r.rolname, (SELECT d.datdba FROM pg_catalog.pg_database d
+                                                               WHERE d.datname = pg_catalog.current_database()))
+                       FROM pg_catalog.pg_roles r WHERE r.oid = owner), false)
 $$;
 
 -- The upstream jobs `refs` names (ids or names), as sorted distinct ids; NULL stays NULL (not
@@ -147,7 +148,7 @@ $$;
 -- an extension's catalog inserts jobs in any order; job_dependency is not dumped: it is derived, and
 -- its marks are transient).
 CREATE OR REPLACE FUNCTION pgsched._sync_dependencies(job_id integer, owner regrole, depends_on integer[],
-                                                      inserted boolean)
+                                                      inserted boolean, old_depends_on integer[] DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -161,9 +162,12 @@ BEGIN
         ON CONFLICT DO NOTHING;
     END IF;
     -- Only what is added is checked: removing an upstream (as deleting one does, whoever deletes it)
-    -- cannot make a cycle or reveal anything.
+    -- cannot make a cycle or reveal anything. Added to depends_on, not to the edges: an id a new job
+    -- named without an edge (unknown then, or hidden) is not checked again at each later change, or
+    -- deleting one of its other upstreams, by whoever deletes it, would fail on it.
     SELECT array_agg(u) INTO added FROM unnest(depends_on) AS u
-     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_dependency d
+     WHERE NOT (u = ANY (coalesce(old_depends_on, '{}')))
+       AND NOT EXISTS (SELECT 1 FROM pgsched.job_dependency d
                         WHERE d.job_id = _sync_dependencies.job_id AND d.upstream_id = u);
     IF added IS NULL THEN
         added := '{}';

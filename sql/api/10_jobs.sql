@@ -368,7 +368,6 @@ BEGIN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
     END IF;
     iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
-    PERFORM pgsched._check_min_period(iv, 'schedule');
     PERFORM pgsched._check_timezone(s.timezone);
     -- Plans are instants the scheduler and the cron code compute with: finite, within the years
     -- Python's datetime has (a later one would disable the job at its first plan).
@@ -586,6 +585,7 @@ BEGIN
         s.schedule := '@after';
     END IF;
     iv := pgsched._check_settings(s);
+    PERFORM pgsched._check_min_period(iv, 'schedule');
     IF s.scheduled IS NULL THEN
         PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
     END IF;
@@ -829,6 +829,11 @@ BEGIN
     END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
                                   check_database => given ? 'database', owner => j.owner);
+    -- Only a schedule given anew: one stored before the rule must not keep its job from being
+    -- paused or altered otherwise.
+    IF s.schedule IS DISTINCT FROM old.schedule THEN
+        PERFORM pgsched._check_min_period(iv, 'schedule');
+    END IF;
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
@@ -983,6 +988,9 @@ BEGIN
                                                    'initial_start', NULL, 'timezone', NULL));
     iv := pgsched._check_settings(s, check_scope => false, check_database => false);
     s.schedule := btrim(s.schedule);
+    IF s.schedule IS DISTINCT FROM old.schedule THEN
+        PERFORM pgsched._check_min_period(iv, 'schedule');
+    END IF;
     UPDATE pgsched.job j
        SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL
      WHERE j.job_id = cur.job_id;

@@ -13,8 +13,10 @@
 -- follows, through its subquery on pgsched.job) and pgsched._may_see (whose upstreams a job's
 -- owner may name, sql/api/07_dependencies.sql) ask it. The server's version is read when it runs,
 -- as in _may_act_as. Unlike _may_act_as it has no SET clause, and names every object with its
--- schema (operators too): the planner can then inline it into the policy, which is evaluated for
--- every row a listing reads.
+-- schema (operators too): the planner can then inline it into the policy's test of the owner,
+-- which is evaluated for every row a listing reads. The test of the database's owner is a
+-- subquery of its own, evaluated once per query (an InitPlan): as an argument, a subquery would
+-- keep the function from being inlined, and it would be called for every row.
 CREATE FUNCTION pgsched._may_see_as(member name, owner oid) RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 160000
                 THEN pg_catalog.pg_has_role(member, owner, 'USAGE') OR pg_catalog.pg_has_role(member, owner, 'SET')
@@ -23,5 +25,5 @@ $$;
 
 ALTER POLICY job_read ON pgsched.job
     USING (pgsched._may_see_as(current_user, owner)
-           OR pgsched._may_see_as(current_user, (SELECT d.datdba FROM pg_catalog.pg_database d
-                                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())));
+           OR (SELECT pgsched._may_see_as(current_user, d.datdba) FROM pg_catalog.pg_database d
+                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()));

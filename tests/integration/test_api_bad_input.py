@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from tests.integration.helpers import Conn, add_job, snapshot
+from tests.integration.helpers import Conn, add_job, scalar, snapshot
 
 # The job every case may refer to as 1000 (ids start there), named 'existing', with a
 # check_config so that config changes are checked.
@@ -328,3 +328,18 @@ def test_the_decorators_job_name_limit_is_add_jobs(api: Conn) -> None:
     with pytest.raises(psycopg.Error) as e:
         add_job(api, f"'ok_fn', '1 hour', job_name => '{'n' * (app.MAX_JOB_NAME + 1)}'")
     assert e.value.sqlstate == "22023" and f"at most {app.MAX_JOB_NAME} characters" in (e.value.diag.message_hint or "")
+
+
+def test_a_job_stored_with_a_period_under_1_ms_may_still_be_paused_and_altered(api: Conn) -> None:
+    """The 1 ms minimum holds a schedule given anew, not one stored before the rule: such a job
+    (a direct INSERT here) may be paused or have other settings changed; a new schedule is checked."""
+    job = scalar(api, "INSERT INTO pgsched.job (job_name, kind, command, schedule) "
+                      "VALUES ('tiny', 'command', 'SELECT 1', '500 microseconds') RETURNING job_id")
+    api.execute("SELECT * FROM alter_job(%s, scheduled => false)", (job,))
+    api.execute("SELECT * FROM alter_job(%s, max_runtime => '1 minute', schedule => '500 microseconds')", (job,))
+    assert scalar(api, "SELECT (NOT scheduled, max_runtime) FROM pgsched.job WHERE job_id = %s",
+                  (job,)) == ("t", "00:01:00")
+    for change in ("schedule => '600 us'", "schedule_interval => interval '0.6 ms'"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="shorter than 1 millisecond"):
+            api.execute(f"SELECT * FROM alter_job(%s, {change})", (job,))
+    api.execute("SELECT * FROM alter_job(%s, schedule => '1 minute')", (job,))

@@ -602,3 +602,39 @@ def test_one_close_plans_each_of_two_thousand_dependents_of_its_upstream_once(ap
     assert scalar(api, "SELECT count(*) FROM pgsched.job_stat s JOIN pgsched.job j USING (job_id) "
                        "WHERE j.schedule = '@after' AND s.next_start = %s AND s.upstream_backlog IS NULL", (T,)) == 2000
     assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency WHERE succeeded_plan IS NOT NULL") == 0
+
+
+def test_an_upstream_is_deleted_whatever_its_dependents_name_and_whoever_owned_them(api: Conn, db: str) -> None:
+    """Deleting an upstream rewrites its dependents' depends_on, whoever deletes it: neither another
+    id a dependent named without an edge (unknown, or a job its owner may not see) nor a dependent's
+    owner dropped since may stop the deletion."""
+    hidden_role = "hider_" + str(abs(hash(db)) % 100000)
+    api.execute(f"CREATE ROLE {hidden_role} LOGIN")
+    try:
+        api.execute(f"SET ROLE {hidden_role}")
+        hidden = int(scalar(api, "SELECT pgsched.schedule('hidden', '1 hour', 'SELECT 1')"))
+        api.execute("RESET ROLE")
+        with as_new_role(api, db, "namer") as namer:
+            visible = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'visible')"))
+            for name, ids in (("with_hidden", [visible, hidden]), ("with_unknown", [visible, 999999])):
+                api.execute("INSERT INTO pgsched.job (job_name, kind, command, schedule, depends_on) "
+                            "VALUES (%s, 'command', 'SELECT 1', '@after', %s)", (name, ids))
+            api.execute("RESET ROLE")
+            # a dependent whose owner saw the upstream (a member of its owner), and is then dropped
+            gone = f"gone_{namer}"
+            api.execute(f"CREATE ROLE {gone} LOGIN")
+            api.execute(f"GRANT {namer} TO {gone}")
+            api.execute("INSERT INTO pgsched.job (job_name, owner, kind, command, schedule, depends_on) "
+                        f"VALUES ('orphan', '{gone}', 'command', 'SELECT 1', '@after', %s)", ([visible],))
+            assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency WHERE upstream_id = %s", (visible,)) == 3
+            api.execute(f"DROP ROLE {gone}")
+            api.execute("SELECT pgsched.delete_job(%s)", (visible,))
+            got = api.execute("SELECT job_name, depends_on FROM pgsched.job WHERE job_name IN "
+                              "('with_hidden', 'with_unknown', 'orphan') ORDER BY 1").fetchall()
+            # (a dropped role may see nothing: its job is left as it is, and cannot run anyway)
+            assert got == [("orphan", [visible]), ("with_hidden", [hidden]), ("with_unknown", [999999])]
+            api.execute(f"SET ROLE {namer}")
+    finally:
+        api.execute("RESET ROLE")
+        api.execute("DELETE FROM pgsched.job")
+        api.execute(f"DROP ROLE {hidden_role}")
