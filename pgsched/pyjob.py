@@ -127,10 +127,11 @@ def run_now(dsn: str, job_id: int) -> Done:
     with psycopg.connect(dsn, autocommit=True, application_name=f"pgsched run {job_id}") as conn:
         conn.prepare_threshold = None
         # The owner's name as a login takes it (regrole's text would quote it), as the claim reads it.
+        # On the caller's search path (run_job, below, keeps it): operators are pg_catalog's by name.
         row = conn.execute(
             """SELECT j.job_name, j.kind, j.code_module, j.code_function, j.config, r.rolname, j.database
-                 FROM pgsched.job j LEFT JOIN pg_catalog.pg_roles r ON r.oid = j.owner
-                WHERE j.job_id = %s""", (job_id,)).fetchone()
+                 FROM pgsched.job j LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) j.owner::oid
+                WHERE j.job_id OPERATOR(pg_catalog.=) %s""", (job_id,)).fetchone()
         if row is None:
             raise app.JobDeclarationError(f"job {job_id} not found")
         name, kind, module, function, config, owner, database = row

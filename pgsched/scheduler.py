@@ -335,7 +335,15 @@ class Scheduler(Requests):
         self._safety_at = time.monotonic() + self.settings.standby_poll
         if not self.store.in_recovery():
             log.info("the server was promoted: starting")
-            self._become_active(first=self.instance_id is None)
+            try:
+                self._become_active(first=self.instance_id is None)
+            except (SchemaVersionMismatch, DeployError, psycopg.OperationalError):
+                raise
+            except psycopg.Error as e:
+                # As when connecting (_connect): a new connection tries the start again, instead
+                # of a loop that goes on half started (no instance registered).
+                self._check_schema()
+                self._lost_connection(e)
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait(self) -> None:

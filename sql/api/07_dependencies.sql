@@ -191,8 +191,10 @@ BEGIN
      ORDER BY d.upstream_id FOR UPDATE;
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
+    -- A changed job gets edges for what was checked above only: an id it kept without an edge
+    -- keeps none (an edge made for it now would skip the cycle check).
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
-    SELECT _sync_dependencies.job_id, u FROM unnest(depends_on) AS u
+    SELECT _sync_dependencies.job_id, u FROM unnest(CASE WHEN inserted THEN depends_on ELSE added END) AS u
      WHERE EXISTS (SELECT 1 FROM pgsched.job j
                     WHERE j.job_id = u AND pgsched._may_see(_sync_dependencies.owner, j.owner))
     ON CONFLICT DO NOTHING;

@@ -22,7 +22,7 @@
 --   A cancel names a run, which only the scheduler holding it takes (_requests).
 -- A request older than _request_ttl() is not acted on, and the purge deletes it. A scheduler
 -- reads a request when it is woken for it, and reads every pending one when it begins to listen
--- (at start, after a reconnect, when its server is promoted: pgsched.store.Store.listen), so a
+-- (at start, after a reconnect, when its server is promoted: Store.take_pending_requests), so a
 -- request made while no scheduler listened is acted on by the first that starts within the TTL.
 -- The CLI waits for the run to start (or end) and says so when it does not.
 -- Both check that the session's user may act for the job's owner, as run_job does; a job

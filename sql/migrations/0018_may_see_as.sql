@@ -24,6 +24,6 @@ CREATE FUNCTION pgsched._may_see_as(member name, owner oid) RETURNS boolean LANG
 $$;
 
 ALTER POLICY job_read ON pgsched.job
-    USING (pgsched._may_see_as(current_user, owner)
-           OR (SELECT pgsched._may_see_as(current_user, d.datdba) FROM pg_catalog.pg_database d
-                WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()));
+    USING ((SELECT pgsched._may_see_as(current_user, d.datdba) FROM pg_catalog.pg_database d
+             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+           OR pgsched._may_see_as(current_user, owner));

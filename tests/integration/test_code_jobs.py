@@ -402,7 +402,16 @@ def test_pgsched_run_of_a_python_job_runs_as_its_owner_in_its_database(db: str, 
         j = job_id(conn, "demo.ok")
         conn.execute("UPDATE pgsched.job SET owner = (SELECT oid FROM pg_roles WHERE rolname = %s), database = %s "
                      "WHERE job_id = %s", (role, other, j))
+        # An operator in public that matches oid = regrole better than pg_catalog's: never called.
+        conn.execute("CREATE TABLE public.hijacked (n int)")
+        conn.execute("CREATE FUNCTION public.eq_hijack(oid, regrole) RETURNS boolean LANGUAGE sql "
+                     "AS $$ INSERT INTO public.hijacked VALUES (1) RETURNING $1 = $2::oid $$")
+        conn.execute("CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regrole, FUNCTION = public.eq_hijack)")
         result = pyjob.run_now(db, j)
+        assert one(conn, "SELECT count(*) FROM public.hijacked") == 0
+        conn.execute("DROP OPERATOR public.= (oid, regrole)")
+        conn.execute("DROP FUNCTION public.eq_hijack(oid, regrole)")
+        conn.execute("DROP TABLE public.hijacked")
         assert result.ok, result.message
         with psycopg.connect(pg_server.dsn(other), autocommit=True) as there:
             rows = there.execute("SELECT job, plan_time, who, acting, db FROM py_hits").fetchall()

@@ -638,3 +638,32 @@ def test_an_upstream_is_deleted_whatever_its_dependents_name_and_whoever_owned_t
         api.execute("RESET ROLE")
         api.execute("DELETE FROM pgsched.job")
         api.execute(f"DROP ROLE {hidden_role}")
+
+
+def test_an_upstream_kept_without_an_edge_gets_none_at_a_later_change(api: Conn, db: str) -> None:
+    """An id a job named while it could not see it (or before it existed) has no edge. A later change
+    of the job's depends_on checks what it adds, and makes edges for that only: an edge made for the
+    kept id would skip the cycle check (here X already runs after A)."""
+    suffix = str(abs(hash(db)) % 100000)
+    ra, rb = f"cyc_a_{suffix}", f"cyc_b_{suffix}"
+    for role in (ra, rb):
+        api.execute(f"CREATE ROLE {role} LOGIN")
+    api.execute(f"GRANT {ra} TO {rb}")  # rb sees ra's jobs, not the other way round
+    try:
+        insert = ("INSERT INTO pgsched.job (job_id, job_name, kind, command, schedule, depends_on) OVERRIDING "
+                  "SYSTEM VALUE VALUES (%s, %s, 'command', 'SELECT 1', %s, %s)")
+        api.execute(f"SET ROLE {ra}")
+        api.execute(insert, (900000, "a", "@after", [900001]))  # X does not exist yet
+        api.execute(insert, (900002, "y", "1 hour", None))
+        api.execute(f"SET ROLE {rb}")
+        api.execute(insert, (900001, "x", "@after", [900000]))  # X runs after A; A may not see X
+        api.execute("RESET ROLE")
+        api.execute(f"ALTER ROLE {ra} SUPERUSER")  # now A's owner sees X
+        api.execute("UPDATE pgsched.job SET depends_on = '{900001,900002}' WHERE job_id = 900000")
+        edges = set(api.execute("SELECT job_id, upstream_id FROM pgsched.job_dependency").fetchall())
+        assert edges == {(900001, 900000), (900000, 900002)}
+    finally:
+        api.execute("RESET ROLE")
+        api.execute("DELETE FROM pgsched.job WHERE job_id BETWEEN 900000 AND 900002")
+        for role in (rb, ra):
+            api.execute(f"DROP ROLE {role}")
