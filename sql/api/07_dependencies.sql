@@ -192,7 +192,11 @@ BEGIN
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
     -- A changed job gets edges for what was checked above only: an id it kept without an edge
-    -- keeps none (an edge made for it now would skip the cycle check).
+    -- keeps none (an edge made for it now would skip the cycle check). The upstreams are locked
+    -- first: the check that they exist is deferred to commit (migration 0019), and a deletion of
+    -- one must wait for this edge, or see it gone, rather than meet it at commit (a deadlock).
+    PERFORM 1 FROM pgsched.job j WHERE j.job_id = ANY (CASE WHEN inserted THEN _sync_dependencies.depends_on ELSE added END)
+     ORDER BY j.job_id FOR KEY SHARE;
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
     SELECT _sync_dependencies.job_id, u FROM unnest(CASE WHEN inserted THEN depends_on ELSE added END) AS u
      WHERE EXISTS (SELECT 1 FROM pgsched.job j
@@ -222,8 +226,12 @@ BEGIN
 END
 $$;
 
--- Upstreams deleted (the job table's statement trigger calls this with their ids): their
--- dependents are disabled with the reason, and lose them from depends_on.
+-- Upstreams deleted (the job table's statement trigger calls this with their ids): the dependents
+-- that had an edge to one (job_dependency; migration 0019 keeps the edges until this has read them)
+-- are disabled with the reason, and lose it from depends_on. The edge decides, not whether the
+-- dependent's owner may see the upstream now: one named blind (hidden or unknown then, so no edge)
+-- stays in depends_on as an id that never existed, and the deletion tells its owner nothing; one
+-- seen when the edge was made is reported deleted, by its name only if its owner may still see it.
 CREATE OR REPLACE FUNCTION pgsched._dependency_deleted()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -235,15 +243,17 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH hit AS (
-        SELECT j.job_id, string_agg(format('%s (%s)', g.job_id, g.job_name), ', ' ORDER BY g.job_id) AS names
-          FROM pgsched.job j JOIN gone g ON g.job_id = ANY (j.depends_on)
-         -- (one that names an upstream its owner may not see never had its edge: _sync_dependencies;
-         -- its name stays, as that of an id that never existed, and the deletion tells it nothing)
-         WHERE j.depends_on && gone_ids AND pgsched._may_see(j.owner, g.owner)
+        SELECT j.job_id, array_agg(g.job_id) AS lost,
+               string_agg(CASE WHEN pgsched._may_see(j.owner, g.owner) THEN format('%s (%s)', g.job_id, g.job_name)
+                               ELSE g.job_id::text END, ', ' ORDER BY g.job_id) AS names
+          FROM pgsched.job_dependency e
+          JOIN gone g ON g.job_id = e.upstream_id
+          JOIN pgsched.job j ON j.job_id = e.job_id
+         WHERE e.upstream_id = ANY (gone_ids)
          GROUP BY j.job_id
     ), d AS (
         UPDATE pgsched.job j
-           SET depends_on = nullif(ARRAY(SELECT u FROM unnest(j.depends_on) AS u WHERE NOT (u = ANY (gone_ids))
+           SET depends_on = nullif(ARRAY(SELECT u FROM unnest(j.depends_on) AS u WHERE NOT (u = ANY (hit.lost))
                                          ORDER BY u), '{}'),
                scheduled = false
           FROM hit WHERE j.job_id = hit.job_id
@@ -253,6 +263,8 @@ BEGIN
        SET disabled_reason = format('upstream job %s deleted: give the job other upstreams (alter_job depends_on) '
                                     || 'or a schedule, then resume it', h.names)
       FROM hit h WHERE s.job_id = h.job_id AND h.job_id IN (SELECT d.job_id FROM d);
+    -- What the rewrite of depends_on left (an edge whose id was not in it: none is made so).
+    DELETE FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (gone_ids);
     RETURN NULL;
 END
 $$;

@@ -314,6 +314,83 @@ def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, 
                            ).fetchall() == [(f"after_{up}", [up], True, None), ("after_999999", [999999], True, None)]
 
 
+def test_deleting_an_upstream_decides_by_its_edge_not_by_who_may_see_it_now(api: Conn, db: str) -> None:
+    """Migration 0019: the dependents disabled are those that had an edge to the deleted job. One whose
+    owner saw it when naming it and lost sight of it since is disabled (it would wait for runs that
+    never come), told the id only; one named blind (no edge) is left as it is, whoever sees it now."""
+    def dependent(job_id: int) -> tuple[Any, ...]:
+        got = api.execute("SELECT j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
+                          "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (job_id,)).fetchone()
+        return tuple(got or ())
+
+    with as_new_role(api, db, "upown") as upown:
+        seen = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'seen')"))
+        blind = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'blind')"))
+        api.execute("RESET ROLE")
+        with as_new_role(api, db, "dep") as dep:
+            named_blind = int(scalar(api, "INSERT INTO pgsched.job (job_name, kind, command, schedule, depends_on) "
+                                          "VALUES ('named_blind', 'command', 'SELECT 1', '@after', %s) "
+                                          "RETURNING job_id", ([blind],)))
+            api.execute("RESET ROLE")
+            api.execute(f"GRANT {upown} TO {dep}")
+            api.execute(f"SET ROLE {dep}")
+            named_seen = after(api, [seen])
+            api.execute("RESET ROLE")
+            assert rows(api, "SELECT job_id, upstream_id FROM pgsched.job_dependency") == [
+                {"job_id": named_seen, "upstream_id": seen}]
+            api.execute(f"REVOKE {upown} FROM {dep}")
+            with psycopg.connect(db, autocommit=True) as admin:
+                admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (seen,))
+            assert dependent(named_seen) == (
+                None, False, f"upstream job {seen} deleted: give the job other upstreams (alter_job depends_on) "
+                             "or a schedule, then resume it")
+            # the other way round: seen now, named blind
+            api.execute(f"GRANT {upown} TO {dep}")
+            with psycopg.connect(db, autocommit=True) as admin:
+                admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (blind,))
+            assert dependent(named_blind) == ([blind], True, None)
+            assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+
+
+def test_an_upstream_deleted_while_an_edge_to_it_is_being_made_waits_for_it(api: Conn, db: str) -> None:
+    """The check that an edge's upstream exists waits for commit (migration 0019), so the edge's
+    writer locks the upstream first: a deletion of it waits for that transaction, then finds the
+    edge and disables the dependent. Without the lock the deletion saw no edge, and the writer's
+    commit failed on the missing upstream."""
+    up = add_job(api, T, job_name="racing")
+    down = add_job(api, T)
+    with psycopg.connect(db) as writer:
+        writer.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (down, [str(up)]))
+        deleted = threading.Event()
+
+        def delete() -> None:
+            with psycopg.connect(db, autocommit=True) as c:
+                c.execute("SELECT pgsched.delete_job(%s)", (up,))
+            deleted.set()
+
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        try:
+            blocked = False
+            for _ in range(200):  # until the deletion waits on the writer's lock (at most 10 s)
+                if scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                               "AND query LIKE '%%delete_job%%'") == 1:
+                    blocked = True
+                    break
+                if deleted.wait(0.05):
+                    break
+            assert blocked, "the deletion did not wait for the transaction making an edge to its job"
+            writer.commit()
+        finally:
+            deleter.join(10)
+    assert deleted.is_set()
+    assert api.execute("SELECT j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
+                       "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (down,)).fetchone() == (
+        None, False, f"upstream job {up} (racing) deleted: give the job other upstreams (alter_job depends_on) "
+                     "or a schedule, then resume it")
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+
+
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
     a, b = add_job(api, T, job_name="a"), add_job(api, T, job_name="b")
     down = add_job(api, T, depends_on=["a"])
@@ -631,8 +708,11 @@ def test_an_upstream_is_deleted_whatever_its_dependents_name_and_whoever_owned_t
             api.execute("SELECT pgsched.delete_job(%s)", (visible,))
             got = api.execute("SELECT job_name, depends_on FROM pgsched.job WHERE job_name IN "
                               "('with_hidden', 'with_unknown', 'orphan') ORDER BY 1").fetchall()
-            # (a dropped role may see nothing: its job is left as it is, and cannot run anyway)
-            assert got == [("orphan", [visible]), ("with_hidden", [hidden]), ("with_unknown", [999999])]
+            # (the orphan had its edge: it loses the upstream like the others, told the id only, since
+            # a dropped role may see nothing)
+            assert got == [("orphan", None), ("with_hidden", [hidden]), ("with_unknown", [999999])]
+            assert scalar(api, "SELECT disabled_reason FROM pgsched.job_stats WHERE job_name = 'orphan'"
+                          ).startswith(f"upstream job {visible} deleted:")
             api.execute(f"SET ROLE {namer}")
     finally:
         api.execute("RESET ROLE")
