@@ -272,7 +272,7 @@ $$;
 
 -- The shortest period a job may be given (pgsched.schedule.MIN_INTERVAL_MICROS): the scheduler's
 -- own resolution, below which each plan would be late before it is made. A schedule given to a
--- job is held to it (add_job, schedule, alter_job when it changes the schedule, and the typed
+-- job is held to it (_check_settings when the schedule is given anew, and the typed
 -- schedule_interval of add_job and alter_job), not schedule previews (next_runs); a job stored
 -- with a shorter period before the rule still runs, and may be paused or altered otherwise.
 CREATE OR REPLACE FUNCTION pgsched._check_min_period(iv interval, argument text)

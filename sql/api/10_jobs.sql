@@ -337,9 +337,14 @@ $$;
 -- check_database false likewise leaves the stored database unchecked (a job whose database was
 -- dropped can still be altered or disabled); a given one is checked for `owner` (NULL: the
 -- caller, who becomes the owner of a new job), as the scheduler will connect (pgsched/worker.py).
+--
+-- check_period false leaves the schedule's period unchecked against the shortest a job may be
+-- given (_check_min_period): the callers pass whether the schedule is given anew, so that a job
+-- stored with a shorter one before the rule can still be paused or altered otherwise.
 CREATE OR REPLACE FUNCTION pgsched._check_settings(s pgsched.job_settings, check_scope boolean DEFAULT true,
                                                    check_database boolean DEFAULT true,
-                                                   owner regrole DEFAULT NULL)
+                                                   owner regrole DEFAULT NULL,
+                                                   check_period boolean DEFAULT true)
 RETURNS interval LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -368,6 +373,9 @@ BEGIN
         PERFORM pgsched._bad_arg('fixed_schedule', 'NULL', 'true or false', '22004');
     END IF;
     iv := pgsched._parse_schedule(s.schedule, s.fixed_schedule);
+    IF check_period THEN
+        PERFORM pgsched._check_min_period(iv, 'schedule');
+    END IF;
     PERFORM pgsched._check_timezone(s.timezone);
     -- Plans are instants the scheduler and the cron code compute with: finite, within the years
     -- Python's datetime has (a later one would disable the job at its first plan).
@@ -585,7 +593,6 @@ BEGIN
         s.schedule := '@after';
     END IF;
     iv := pgsched._check_settings(s);
-    PERFORM pgsched._check_min_period(iv, 'schedule');
     IF s.scheduled IS NULL THEN
         PERFORM pgsched._bad_arg('scheduled', 'NULL', 'true or false', '22004');
     END IF;
@@ -828,12 +835,8 @@ BEGIN
         s.failure_retention := NULL;
     END IF;
     iv := pgsched._check_settings(s, check_scope => s.scope_query IS NOT NULL AND given ? 'scope_query',
-                                  check_database => given ? 'database', owner => j.owner);
-    -- Only a schedule given anew: one stored before the rule must not keep its job from being
-    -- paused or altered otherwise.
-    IF s.schedule IS DISTINCT FROM old.schedule THEN
-        PERFORM pgsched._check_min_period(iv, 'schedule');
-    END IF;
+                                  check_database => given ? 'database', owner => j.owner,
+                                  check_period => s.schedule IS DISTINCT FROM old.schedule);
     IF _alter_job.check_config IS NOT NULL THEN
         SELECT n.nspname, p.proname INTO j.check_schema, j.check_name FROM pg_catalog.pg_proc p
           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = _alter_job.check_config;
@@ -986,11 +989,9 @@ BEGIN
     old := pgsched._job_settings(cur);
     s := pgsched._settings(old, jsonb_build_object('schedule', schedule, 'fixed_schedule', true,
                                                    'initial_start', NULL, 'timezone', NULL));
-    iv := pgsched._check_settings(s, check_scope => false, check_database => false);
+    iv := pgsched._check_settings(s, check_scope => false, check_database => false,
+                                  check_period => btrim(s.schedule) IS DISTINCT FROM old.schedule);
     s.schedule := btrim(s.schedule);
-    IF s.schedule IS DISTINCT FROM old.schedule THEN
-        PERFORM pgsched._check_min_period(iv, 'schedule');
-    END IF;
     UPDATE pgsched.job j
        SET kind = 'command', command = schedule.command, proc_schema = NULL, proc_name = NULL
      WHERE j.job_id = cur.job_id;

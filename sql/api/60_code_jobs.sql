@@ -44,7 +44,6 @@ BEGIN
            FOR NO KEY UPDATE;
         IF NOT FOUND THEN
             iv := pgsched._check_settings(s);
-            PERFORM pgsched._check_min_period(iv, 'schedule');
             id := pgsched._store_new_job(kind => 'python', proc_schema => NULL, proc_name => NULL, command => NULL,
                                          code_module => spec->>'code_module',
                                          code_function => spec->>'code_function', check_schema => NULL,
@@ -55,10 +54,8 @@ BEGIN
         END IF;
         old := pgsched._job_settings(j);
         iv := pgsched._check_settings(s, check_scope => s.scope_query IS DISTINCT FROM old.scope_query,
-                                      check_database => s.database IS DISTINCT FROM old.database);
-        IF s.schedule IS DISTINCT FROM old.schedule THEN
-            PERFORM pgsched._check_min_period(iv, 'schedule');
-        END IF;
+                                      check_database => s.database IS DISTINCT FROM old.database,
+                                      check_period => s.schedule IS DISTINCT FROM old.schedule);
         IF j.kind <> 'python' THEN
             RAISE EXCEPTION USING ERRCODE = '42710',
                 MESSAGE = format('invalid job_name: %L is already the name of %s job %s of role %s',

@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -270,3 +272,34 @@ def test_python_job_declarations_take_every_setting_with_the_sql_defaults(conn: 
     finally:
         app.forget(handler.__module__)
     assert set(row) == {name for name, _ in definition(conn)} | {"code_module", "code_function"}
+
+
+# Where the rules change (SQL's 1 ms, whole days), and zero, which the months and days take often.
+_MICROS_EDGES = [-1, 0, 1, 999, 1000, 1001, 86_400_000_000]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(months=st.one_of(st.just(0), st.integers(-2, 14)), days=st.one_of(st.just(0), st.integers(-2, 40)),
+       micros=st.one_of(st.sampled_from(_MICROS_EDGES), st.integers(-10**9, 10**11)), fixed=st.booleans())
+def test_python_refuses_the_new_intervals_sql_refuses(conn: Conn, months: int, days: int, micros: int,
+                                                      fixed: bool) -> None:
+    """The rules a schedule's interval is held to, twice: pgsched._check_interval and
+    _check_min_period in SQL, schedule.check_new_interval in Python (the decorator's `every`). The
+    same interval is refused by both or by neither."""
+    iv = schedule.Interval(months, days, micros)
+    try:
+        schedule.check_new_interval(iv, fixed=fixed)
+        python_refuses = False
+    except schedule.ScheduleError:
+        python_refuses = True
+    try:
+        conn.execute("SELECT pgsched._check_interval(i, %(fixed)s, 'schedule'), "
+                     "pgsched._check_min_period(i, 'schedule') "
+                     "FROM (SELECT format('%%s months %%s days %%s microseconds', "
+                     "%(months)s::int, %(days)s::int, %(micros)s::bigint)::interval AS i) x",
+                     {"fixed": fixed, "months": months, "days": days, "micros": micros})
+        sql_refuses = False
+    except psycopg.errors.InvalidParameterValue:
+        sql_refuses = True
+    assert python_refuses == sql_refuses, (iv, fixed)
