@@ -448,7 +448,8 @@ BEGIN
     END IF;
     IF s.catch_up_window IS NOT NULL AND s.catch_up_window <= interval '0' THEN
         PERFORM pgsched._bad_arg('catch_up_window', format('%s is not positive', s.catch_up_window),
-                                 'a positive interval such as ''1 hour'', or NULL for no limit');
+                                 'a positive interval such as ''1 hour'', or NULL for no limit (in alter_job: '
+                                 || 'NULL keeps it, ''0'' removes it)');
     END IF;
     IF s.job_name IS NOT NULL AND btrim(s.job_name) = '' THEN
         PERFORM pgsched._bad_arg('job_name', 'empty', 'a non-empty name, or NULL for a generated one');
@@ -826,6 +827,10 @@ BEGIN
     END IF;
     IF s.concurrency_key = '' THEN
         s.concurrency_key := NULL;
+    END IF;
+    -- '0' removes the catch-up window (NULL keeps it), as '' removes a text setting.
+    IF s.catch_up_window = interval '0' AND given ? 'catch_up_window' THEN
+        s.catch_up_window := NULL;
     END IF;
     -- '0' returns a retention to the database's.
     IF s.success_retention = interval '0' THEN

@@ -296,6 +296,21 @@ def test_alter_job_with_every_argument_null_changes_nothing(api: Conn, base: int
     assert job(api, base) == before
 
 
+def test_alter_job_removes_a_catch_up_window_with_zero(api: Conn, base: int) -> None:
+    """NULL keeps a catch_up_window; '0' (refused before, as no window is not positive) removes
+    it, as '' removes a text setting; a negative one is still refused, and add_job still refuses '0'."""
+    api.execute("SELECT pgsched.alter_job(%s, catch_up_window => '1 hour')", (base,))
+    api.execute("SELECT pgsched.alter_job(%s, catch_up_window => NULL, max_retries => 3)", (base,))
+    assert job(api, base)["catch_up_window"] == "01:00:00"
+    api.execute("SELECT pgsched.alter_job(%s, catch_up_window => '0')", (base,))
+    assert job(api, base)["catch_up_window"] is None
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="invalid catch_up_window") as e:
+        api.execute("SELECT pgsched.alter_job(%s, catch_up_window => '-1 hour')", (base,))
+    assert "'0' removes it" in str(e.value.diag.message_hint)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="invalid catch_up_window"):
+        api.execute("SELECT pgsched.add_job('ok_fn', '1 hour', catch_up_window => '0')")
+
+
 def test_alter_job_keeps_timezone_when_changing_another_setting(api: Conn, base: int) -> None:
     api.execute("SELECT pgsched.alter_job(%s, schedule => '2 hours')", (base,))
     api.execute("SELECT pgsched.alter_job(%s, max_retries => 5)", (base,))
