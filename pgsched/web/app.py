@@ -11,6 +11,7 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta
+from math import ceil
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -30,6 +31,7 @@ from pgsched.errors import first_line
 from pgsched.ops import dashboard, query, upcoming
 from pgsched.web import charts, words
 from pgsched.web.sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, SignInRefused, same
+from pgsched.web.throttle import SignInThrottle
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -50,8 +52,10 @@ HEADERS = {
 Handler = Callable[[Request, Session], Response]
 
 
-def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lifetime: float = 8 * 3600.0) -> Starlette:
+def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lifetime: float = 8 * 3600.0,
+               throttle: SignInThrottle | None = None) -> Starlette:
     sessions = Sessions(dsn, idle=idle, lifetime=lifetime, statement_timeout=STATEMENT_TIMEOUT)
+    throttle = throttle or SignInThrottle()
     # --single-user: one session on the DSN's own connection (opened again if it is lost).
     only: list[Session] = [sessions.single()] if single_user else []
     single = only[0] if only else None
@@ -132,13 +136,25 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             return secure(PlainTextResponse("refused: the sign-in form's CSRF token is missing or wrong",
                                             status_code=403))
         role = str(form.get("role") or "")
+        client = request.client.host if request.client else "unknown"
+        wait = throttle.wait(client, role)
+        if wait > 0:
+            # Not even tried: PostgreSQL is not asked, so the password is not checked.
+            token = secrets.token_urlsafe(32)
+            resp = render(request, "signin.html", None, status=429, token=token, next=nxt, role=role,
+                          error=f"too many refused sign-ins from this address: try again in {ceil(wait)} s")
+            resp.headers["Retry-After"] = str(ceil(wait))
+            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
+            return resp
         try:
             s = sessions.sign_in(role, str(form.get("password") or ""))
         except SignInRefused as e:
+            throttle.refused(client, role)
             token = secrets.token_urlsafe(32)
             resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
             _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
+        throttle.accepted(client, role)
         resp = secure(RedirectResponse(nxt, 303))
         _cookie(request, resp, COOKIE, s.sid, max_age=int(lifetime))
         resp.delete_cookie(LOGIN_COOKIE, path="/")

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from pgsched.embedded import free_port
 from pgsched.errors import ConfigError
 from pgsched.web import app as web_app
 from pgsched.web import server
+from pgsched.web.throttle import SignInThrottle
 from tests.integration.helpers import Conn, scalar
 from tests.integration.web.conftest import PASSWORD, WebDb, add_runs, fail_once, schedule_as
 
@@ -71,6 +73,31 @@ def test_wrong_password_is_refused_and_never_shown_or_logged(webdb: WebDb, clien
     assert "pgsched_session" not in r.headers.get("set-cookie", "")
     assert client.get("/jobs").status_code == 303
     assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
+
+
+def test_refused_sign_ins_are_throttled_without_asking_postgresql(webdb: WebDb) -> None:
+    """After five refused sign-ins for one role from one address, the next (right password or not)
+    is answered 429 with Retry-After and no session (the right password opened none: PostgreSQL was
+    not asked); other roles still sign in; when the window has passed the role signs in again."""
+    if not webdb.passwords_checked:
+        pytest.skip("an external PGSCHED_TEST_DSN cluster: its pg_hba.conf is not ours to change")
+    now = [0.0]
+    throttle = SignInThrottle(clock=lambda: now[0])
+    with TestClient(web_app.create_app(webdb.dsn, throttle=throttle), follow_redirects=False) as client:
+        def attempt(role: str, password: str) -> Any:
+            token = csrf_of(client.get("/signin").text)
+            return client.post("/signin", data={"role": role, "password": password, "csrf": token})
+
+        for _ in range(5):
+            assert attempt(webdb.odb.alice, "Wrong-Secret-4711").status_code == 401
+        r = attempt(webdb.odb.alice, PASSWORD)
+        assert r.status_code == 429 and "too many refused sign-ins" in r.text
+        assert r.headers["retry-after"] == "300"
+        assert "pgsched_session" not in r.headers.get("set-cookie", "")
+        assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
+        sign_in(client, webdb.odb.bob)  # another role from the same address
+        now[0] = 301.0
+        sign_in(client, webdb.odb.alice)
 
 
 def test_sign_in_without_its_csrf_token_is_refused(webdb: WebDb, client: TestClient) -> None:
