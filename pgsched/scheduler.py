@@ -114,7 +114,7 @@ class Scheduler(Requests):
             if self.standby:
                 self._flush()
                 self._check_standby()
-                if self.standby:
+                if self.standby or self.store is None:  # still a standby, or a start that failed
                     return
                 # Promoted: go on with this round (workers, plan, claims) instead of
                 # sleeping until the next heartbeat first.

@@ -566,6 +566,40 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
     assert history(dsn, job) == []
 
 
+def test_a_start_that_fails_after_promotion_is_tried_again(jobs_db: str, standby: Cluster,
+                                                           serve: ServeFactory) -> None:
+    """The start after a promotion fails on an SQL error that is not the connection's (here a
+    trigger that refuses the instance's registration): the scheduler drops its connection and
+    starts again, as when connecting, until the start succeeds; it neither exits nor goes on half
+    started (no instance registered, no job run)."""
+    dsn = jobs_db
+    job = add_job(dsn, "'tick', '1 hour'")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE FUNCTION public.refuse_instance() RETURNS trigger LANGUAGE plpgsql AS "
+                  "$$BEGIN RAISE EXCEPTION 'no instance may register (the test)'; END$$")
+        c.execute("CREATE TRIGGER refuse_instance BEFORE INSERT ON pgsched.instance "
+                  "FOR EACH ROW EXECUTE FUNCTION public.refuse_instance()")
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    assert isinstance(dbname, str)
+    replica = standby.dsn(dbname)
+    wait_for(lambda: query(replica, "SELECT count(*) AS n FROM pg_trigger WHERE tgname = 'refuse_instance'"
+                           )[0]["n"], 10, "the trigger to replicate")
+    s = serve(replica, "--max-workers", "2", *FAST, wait_instance=False)
+    s.wait_log("standby", 5)
+    proc = subprocess.run([str(standby.bindir / "pg_ctl"), "-D", str(standby.datadir), "-w", "promote"],
+                          capture_output=True, text=True, user=standby.run_as, check=False, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    s.wait_log("no instance may register (the test)", 10)
+    s.wait_log("was promoted", 1)
+    assert s.proc.poll() is None, s.log()
+    assert query(replica, "SELECT count(*) AS n FROM pgsched.instance")[0]["n"] == 0
+    with psycopg.connect(replica, autocommit=True) as c:
+        c.execute("DROP TRIGGER refuse_instance ON pgsched.instance")
+    s.wait_instance(timeout=15)
+    wait_for(lambda: outcomes(replica, job) == ["success"] or None, 10, "the due job to run once started")
+    assert s.proc.poll() is None, s.log()
+
+
 # -- SIGHUP reloads the settings file; SIGUSR1 logs the counters -------------------------------------
 
 def test_sighup_reloads_settings_and_sigusr1_logs_stats(jobs_db: str, serve: ServeFactory, tmp_path: Path) -> None:
