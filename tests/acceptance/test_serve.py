@@ -626,6 +626,64 @@ def test_sighup_reloads_settings_and_sigusr1_logs_stats(jobs_db: str, serve: Ser
     assert s.wait_exit(5) == 0
 
 
+def test_sighup_with_fewer_workers_retires_the_extra_ones_without_a_crash(jobs_db: str, serve: ServeFactory,
+                                                                        tmp_path: Path) -> None:
+    """max_workers lowered by SIGHUP: the workers beyond it retire (an idle one at once, a busy one
+    after its run), their sessions end, and the jobs go on with what is left, nothing recorded as
+    a crash."""
+    dsn = jobs_db
+    conf = tmp_path / "pgsched.toml"
+    conf.write_text("max_workers = 3\nheartbeat_interval = 0.2\n")
+    jobs = [add_job(dsn, "'tick', '200 milliseconds'") for _ in range(3)]
+    s = serve(dsn, "--config", str(conf), *FAST)
+
+    def workers() -> int:
+        return int(query(dsn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                              "AND (application_name = 'pgsched worker idle' OR application_name LIKE 'pgsched job %%')"
+                         )[0]["n"])
+
+    wait_for(lambda: workers() == 3 or None, 10, "three workers")
+    conf.write_text("max_workers = 1\nheartbeat_interval = 0.2\n")
+    s.signal(signal.SIGHUP)
+    wait_for(lambda: workers() == 1 or None, 10, "the workers beyond max_workers to retire")
+    before = sum(stats(dsn, j)["total_successes"] for j in jobs)
+    wait_for(lambda: sum(stats(dsn, j)["total_successes"] for j in jobs) >= before + 6 or None, 10,
+             "the jobs to go on with one worker")
+    assert workers() == 1
+    assert query(dsn, "SELECT max_workers FROM pgsched.instance WHERE pid = %s", (s.pid,))[0]["max_workers"] == 1
+    # (job_stats' total_crashes counts a run in progress until it ends: the history says how runs ended)
+    assert query(dsn, "SELECT count(*) AS n FROM pgsched.job_history WHERE outcome = 'crash'")[0]["n"] == 0, s.log()
+    assert s.proc.poll() is None, s.log()
+
+
+def test_a_close_the_database_refuses_is_written_once_it_accepts_it(jobs_db: str, serve: ServeFactory) -> None:
+    """A run's close fails on an SQL error that is not the connection's (a trigger refuses it): the
+    scheduler keeps the run's end, reports the error and goes on; once the database takes the
+    close, the run is recorded once, as it ended (a success, not a crash), and the job runs on."""
+    dsn = jobs_db
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE public.refuse_close (x int)")
+        c.execute("INSERT INTO public.refuse_close VALUES (1)")
+        c.execute("CREATE FUNCTION public.refuse_close() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN "
+                  "IF EXISTS (SELECT 1 FROM public.refuse_close) THEN "
+                  "RAISE EXCEPTION 'no run may close (the test)'; END IF; RETURN NEW; END$$")
+        c.execute("CREATE TRIGGER refuse_close BEFORE UPDATE ON pgsched.job_run FOR EACH ROW "
+                  "WHEN (OLD.outcome = 'running' AND NEW.outcome <> 'running') "
+                  "EXECUTE FUNCTION public.refuse_close()")
+    job = add_job(dsn, "'tick', '1 hour'")
+    s = serve(dsn, "--max-workers", "2", *FAST)
+    wait_for(lambda: s.log().count("no run may close (the test)") >= 2 or None, 10, "the close refused twice")
+    assert outcomes(dsn, job) == ["running"]
+    assert s.proc.poll() is None, s.log()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DELETE FROM public.refuse_close")
+    wait_for(lambda: outcomes(dsn, job) == ["success"] or None, 10, "the close once the database takes it")
+    st = stats(dsn, job)
+    assert (st["total_runs"], st["total_successes"], st["total_failures"], st["total_crashes"]) == (1, 1, 0, 0)
+    assert st["next_start"] > history(dsn, job)[0]["started_at"]
+    assert s.proc.poll() is None, s.log()
+
+
 # -- several instances on one database ----------------------------------------------------------------
 
 def test_two_instances_never_run_a_plan_twice_and_share_the_load(jobs_db: str, serve: ServeFactory) -> None:
