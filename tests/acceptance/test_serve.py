@@ -299,6 +299,39 @@ def test_scheduler_connection_terminated_mid_run(pg_server: PgServer, jobs_db: s
     assert s.proc.poll() is None
 
 
+
+def test_an_instance_purged_while_cut_off_registers_again_and_runs_on(pg_server: PgServer, jobs_db: str,
+                                                                     serve: ServeFactory) -> None:
+    """The scheduler's connection is cut, and while it cannot reconnect its instance row is purged
+    (as purge_history removes an instance silent for longer than the history's retention): on
+    reconnecting it registers again, under a new id, and goes on running jobs."""
+    dsn = jobs_db
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    first = add_job(dsn, "'tick', '1 hour'")
+    s = serve(dsn, *FAST)
+    wait_for(lambda: outcomes(dsn, first) == ["success"] or None, 10, "a first run")
+    old_backend = query(dsn, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
+                        (s.instance_id,))[0]["backend_pid"]
+    with psycopg.connect(dsn, autocommit=True) as inside, psycopg.connect(pg_server.admin_dsn, autocommit=True) as c:
+        c.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(
+            psycopg.sql.Identifier(str(dbname))))
+        try:
+            assert c.execute("SELECT pg_terminate_backend(%s)", (old_backend,)).fetchone() == (True,)
+            s.wait_log("lost the database connection", 5)
+            got = inside.execute("SELECT instances FROM pgsched.purge_history(now => now() + interval '400 days', "
+                                 "with_partitions => false)").fetchone()
+            assert got == (1,)
+        finally:
+            c.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(
+                psycopg.sql.Identifier(str(dbname))))
+    s.wait_log("was removed while this process was cut off from the database: registered again", 15)
+    [row] = query(dsn, "SELECT instance_id, stopped_at FROM pgsched.instance WHERE pid = %s", (s.pid,))
+    assert row["instance_id"] != s.instance_id and row["stopped_at"] is None
+    second = add_job(dsn, "'tick', '1 hour'")
+    wait_for(lambda: outcomes(dsn, second) == ["success"] or None, 10, "a run after registering again")
+    assert s.proc.poll() is None, s.log()
+
+
 # -- 5. SIGTERM ------------------------------------------------------------------------------
 
 def test_sigterm_waits_for_the_run(jobs_db: str, serve: ServeFactory) -> None:
