@@ -154,6 +154,8 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     added integer[];
     bad integer;
+    seen integer[];
+    kept integer[];
 BEGIN
     IF inserted THEN
         INSERT INTO pgsched.job_dependency (job_id, upstream_id)
@@ -174,6 +176,23 @@ BEGIN
     ELSIF NOT inserted THEN
         PERFORM pgsched._check_upstreams(_sync_dependencies.job_id, added);
     END IF;
+    -- The upstreams it gets edges to (below) are locked before anything is decided, since no
+    -- foreign key holds them (migration 0019): a deletion of one then waits for this transaction,
+    -- whose edge it will find, or has deleted it first, and the edge would point at nothing. Such
+    -- a race is refused as a serialization failure, to be retried, and not taken as an unknown id.
+    SELECT array_agg(j.job_id) INTO seen FROM pgsched.job j
+     WHERE j.job_id = ANY (CASE WHEN inserted THEN _sync_dependencies.depends_on ELSE added END)
+       AND pgsched._may_see(_sync_dependencies.owner, j.owner);
+    IF seen IS NOT NULL THEN
+        SELECT array_agg(l.job_id) INTO kept
+          FROM (SELECT j.job_id FROM pgsched.job j WHERE j.job_id = ANY (seen) ORDER BY j.job_id FOR KEY SHARE) l;
+        SELECT min(u) INTO bad FROM unnest(seen) AS u WHERE NOT (u = ANY (coalesce(kept, '{}')));
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '40001',
+                MESSAGE = format('invalid depends_on: job %s was deleted while this change named it', bad),
+                HINT = 'try again: depends_on must be ' || pgsched._depends_form();
+        END IF;
+    END IF;
     -- A new job may name an id that does not exist (yet), so one the owner may not see is taken
     -- the same way, with no edge (below): refusing it would tell the writer the id exists. A
     -- changed job's new upstreams must exist and be visible, both refused alike.
@@ -192,33 +211,36 @@ BEGIN
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
     -- A changed job gets edges for what was checked above only: an id it kept without an edge
-    -- keeps none (an edge made for it now would skip the cycle check). The upstreams are locked
-    -- first: the check that they exist is deferred to commit (migration 0019), and a deletion of
-    -- one must wait for this edge, or see it gone, rather than meet it at commit (a deadlock).
-    PERFORM 1 FROM pgsched.job j WHERE j.job_id = ANY (CASE WHEN inserted THEN _sync_dependencies.depends_on ELSE added END)
-     ORDER BY j.job_id FOR KEY SHARE;
+    -- keeps none (an edge made for it now would skip the cycle check). The upstreams are those
+    -- locked above.
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
-    SELECT _sync_dependencies.job_id, u FROM unnest(CASE WHEN inserted THEN depends_on ELSE added END) AS u
-     WHERE EXISTS (SELECT 1 FROM pgsched.job j
-                    WHERE j.job_id = u AND pgsched._may_see(_sync_dependencies.owner, j.owner))
+    SELECT _sync_dependencies.job_id, u FROM unnest(kept) AS u
     ON CONFLICT DO NOTHING;
 END
 $$;
 
 -- An upstream was paused or disabled (the job's trigger calls this): its dependents are disabled
--- too, with the reason; their own dependents follow through the same trigger.
+-- too, with the reason; their own dependents follow through the same trigger. The reason names the
+-- upstream and says why it is disabled only to a dependent whose owner may still see it (_may_see);
+-- the others are told its id.
 CREATE OR REPLACE FUNCTION pgsched._upstream_disabled(upstream_id integer, why text)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ids integer[];
+    up_owner regrole;
 BEGIN
     SELECT array_agg(j.job_id ORDER BY j.job_id) INTO ids FROM pgsched.job j
      WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = _upstream_disabled.upstream_id)
        AND j.scheduled;
     IF ids IS NOT NULL THEN
+        SELECT j.owner INTO up_owner FROM pgsched.job j WHERE j.job_id = _upstream_disabled.upstream_id;
         -- The reason before the pause, which passes it on to their own dependents.
-        UPDATE pgsched.job_stat s SET disabled_reason = why WHERE s.job_id = ANY (ids);
+        UPDATE pgsched.job_stat s
+           SET disabled_reason = CASE WHEN pgsched._may_see(j.owner, up_owner) THEN why
+                                      ELSE format('upstream job %s is disabled: resume it, then this job',
+                                                  _upstream_disabled.upstream_id) END
+          FROM pgsched.job j WHERE j.job_id = s.job_id AND s.job_id = ANY (ids);
         UPDATE pgsched.job j SET scheduled = false WHERE j.job_id = ANY (ids) AND j.scheduled;
         PERFORM pg_catalog.pg_notify('pgsched_events', pgsched._event('job_disabled', u, NULL, NULL, NULL, NULL))
            FROM unnest(ids) AS u;
@@ -227,7 +249,7 @@ END
 $$;
 
 -- Upstreams deleted (the job table's statement trigger calls this with their ids): the dependents
--- that had an edge to one (job_dependency; migration 0019 keeps the edges until this has read them)
+-- that had an edge to one (job_dependency; since migration 0019 no foreign key removes them first)
 -- are disabled with the reason, and lose it from depends_on. The edge decides, not whether the
 -- dependent's owner may see the upstream now: one named blind (hidden or unknown then, so no edge)
 -- stays in depends_on as an id that never existed, and the deletion tells its owner nothing; one
@@ -263,7 +285,7 @@ BEGIN
        SET disabled_reason = format('upstream job %s deleted: give the job other upstreams (alter_job depends_on) '
                                     || 'or a schedule, then resume it', h.names)
       FROM hit h WHERE s.job_id = h.job_id AND h.job_id IN (SELECT d.job_id FROM d);
-    -- What the rewrite of depends_on left (an edge whose id was not in it: none is made so).
+    -- The rewrite of depends_on removed their edges (_sync_dependencies); whatever is left goes too.
     DELETE FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (gone_ids);
     RETURN NULL;
 END

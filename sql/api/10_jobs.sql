@@ -828,8 +828,10 @@ BEGIN
     IF s.concurrency_key = '' THEN
         s.concurrency_key := NULL;
     END IF;
-    -- '0' removes the catch-up window (NULL keeps it), as '' removes a text setting.
-    IF s.catch_up_window = interval '0' AND given ? 'catch_up_window' THEN
+    -- '0' removes the catch-up window (NULL keeps it), as '' removes a text setting; only zero
+    -- itself, not an interval that compares equal to it ('1 day -24 hours' is refused as ever).
+    IF given ? 'catch_up_window' AND (SELECT p.months = 0 AND p.days = 0 AND p.micros = 0
+                                        FROM pgsched._interval_parts(s.catch_up_window) p) THEN
         s.catch_up_window := NULL;
     END IF;
     -- '0' returns a retention to the database's.

@@ -6,8 +6,13 @@
 -- at that moment. A dependent whose owner saw it when the edge was made and lost sight of it since
 -- was left waiting for runs that would never come; one whose owner named it blind (no edge, the
 -- id taken as unknown) and came to see it since was disabled, learning that the id had existed.
--- The edge is the fact to decide by: the check that an upstream's edges are gone now waits for the
--- end of the transaction (NO ACTION, deferred), and the trigger reads them, then deletes them.
+--
+-- The edge is the fact to decide by, so the upstream side has no foreign key any more: the trigger
+-- reads an upstream's edges, then deletes them, and whoever makes an edge locks its upstream first
+-- (_sync_dependencies), so that a deletion and a new edge wait for each other. (A foreign key
+-- checked at commit would have served too, but `SET CONSTRAINTS ALL IMMEDIATE` would then check it
+-- before the trigger had deleted the edges, and every deletion of an upstream would fail.) The
+-- dependent's side keeps its ON DELETE CASCADE. Edges to jobs that no longer exist (left by a
+-- deletion made with session_replication_role = replica, which fires no trigger) are removed.
 ALTER TABLE pgsched.job_dependency DROP CONSTRAINT job_dependency_upstream_id_fkey;
-ALTER TABLE pgsched.job_dependency ADD CONSTRAINT job_dependency_upstream_id_fkey
-    FOREIGN KEY (upstream_id) REFERENCES pgsched.job DEFERRABLE INITIALLY DEFERRED;
+DELETE FROM pgsched.job_dependency e WHERE NOT EXISTS (SELECT 1 FROM pgsched.job j WHERE j.job_id = e.upstream_id);

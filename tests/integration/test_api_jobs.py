@@ -309,6 +309,12 @@ def test_alter_job_removes_a_catch_up_window_with_zero(api: Conn, base: int) -> 
     assert "'0' removes it" in str(e.value.diag.message_hint)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="invalid catch_up_window"):
         api.execute("SELECT pgsched.add_job('ok_fn', '1 hour', catch_up_window => '0')")
+    # only zero itself: an interval equal to it by PostgreSQL's comparison is not positive, as ever
+    api.execute("SELECT pgsched.alter_job(%s, catch_up_window => '1 hour')", (base,))
+    for zero in ("1 day -24 hours", "1 month -30 days"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="invalid catch_up_window"):
+            api.execute("SELECT pgsched.alter_job(%s, catch_up_window => %s::interval)", (base, zero))
+    assert job(api, base)["catch_up_window"] == "01:00:00"
 
 
 def test_alter_job_keeps_timezone_when_changing_another_setting(api: Conn, base: int) -> None:

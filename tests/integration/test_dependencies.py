@@ -391,6 +391,98 @@ def test_an_upstream_deleted_while_an_edge_to_it_is_being_made_waits_for_it(api:
     assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
 
 
+def test_an_edge_named_while_its_upstream_is_being_deleted_is_refused_to_be_retried(api: Conn, db: str) -> None:
+    """The other order of the race above: the deletion comes first and is not committed when a change
+    names the upstream. The change waits for it, then is refused (40001, to be retried), rather than
+    keep an id whose job is gone with no edge and nothing said."""
+    up = add_job(api, T, job_name="doomed")
+    down = add_job(api, T)
+    with psycopg.connect(db) as deleter:
+        deleter.execute("SELECT pgsched.delete_job(%s)", (up,))
+        got: list[BaseException | None] = []
+
+        def change() -> None:
+            with psycopg.connect(db, autocommit=True) as c:
+                try:
+                    c.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (down, [str(up)]))
+                    got.append(None)
+                except psycopg.Error as e:
+                    got.append(e)
+
+        changer = threading.Thread(target=change)
+        changer.start()
+        try:
+            for _ in range(200):  # until the change waits on the deletion (at most 10 s)
+                if scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                               "AND query LIKE '%%alter_job%%'") == 1 or got:
+                    break
+                threading.Event().wait(0.05)
+            deleter.commit()
+        finally:
+            changer.join(10)
+    [e] = got
+    assert isinstance(e, psycopg.errors.SerializationFailure), e
+    assert f"invalid depends_on: job {up} was deleted while this change named it" in str(e)
+    assert api.execute("SELECT j.depends_on, j.scheduled FROM pgsched.job j WHERE job_id = %s",
+                       (down,)).fetchone() == (None, True)
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+
+
+def test_an_upstream_is_deleted_with_every_constraint_immediate(api: Conn) -> None:
+    """No foreign key holds the edges' upstream side (migration 0019): SET CONSTRAINTS ALL IMMEDIATE
+    cannot check one before the deletion's trigger has removed them."""
+    up = add_job(api, T, job_name="gone_now")
+    down = after(api, [up])
+    api.execute("BEGIN")
+    api.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    api.execute("SELECT pgsched.delete_job(%s)", (up,))
+    api.execute("COMMIT")
+    assert api.execute("SELECT j.depends_on, j.scheduled FROM pgsched.job j WHERE job_id = %s",
+                       (down,)).fetchone() == (None, False)
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+
+
+def test_a_paused_upstream_is_named_only_to_dependents_whose_owner_may_see_it(api: Conn, db: str) -> None:
+    """Pausing an upstream disables its dependents with the reason; one whose owner lost sight of
+    the upstream since naming it is told its id, not its name nor why it is disabled."""
+    with as_new_role(api, db, "upown2") as upown:
+        up = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'secret_name')"))
+        api.execute("RESET ROLE")
+        with as_new_role(api, db, "dep2") as dep:
+            api.execute("RESET ROLE")
+            api.execute(f"GRANT {upown} TO {dep}")
+            api.execute(f"SET ROLE {dep}")
+            seeing, blind = after(api, [up]), after(api, [up])
+            api.execute("RESET ROLE")
+            api.execute(f"REVOKE {upown} FROM {dep}")
+            # one of the two dependents changes hands to a role that still sees the upstream
+            api.execute("UPDATE pgsched.job SET owner = %s::regrole WHERE job_id = %s", (upown, seeing))
+            api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (up,))
+            reasons = dict(api.execute("SELECT job_id, disabled_reason FROM pgsched.job_stats WHERE job_id IN (%s, %s)",
+                                       (seeing, blind)).fetchall())
+            assert reasons[seeing] == (f"upstream job {up} (secret_name) is disabled (paused): resume it, "
+                                       "then this job")
+            assert reasons[blind] == f"upstream job {up} is disabled: resume it, then this job"
+
+
+def test_migration_0019_removes_edges_to_jobs_that_no_longer_exist(api: Conn) -> None:
+    """A deletion made with session_replication_role = replica fires no trigger and left edges to a
+    job that is gone; the upstream side's foreign key is dropped, and those edges with it."""
+    up = add_job(api, T)
+    down = after(api, [up])
+    # the layout before 0019, and an edge whose upstream was deleted without triggers
+    api.execute("ALTER TABLE pgsched.job_dependency ADD CONSTRAINT job_dependency_upstream_id_fkey "
+                "FOREIGN KEY (upstream_id) REFERENCES pgsched.job ON DELETE CASCADE NOT VALID")
+    api.execute(sql.SQL("DELETE FROM {} WHERE version = 19").format(sql.SQL(migrate.ledger(19))))
+    api.execute("SET session_replication_role = replica")
+    api.execute("DELETE FROM pgsched.job WHERE job_id = %s", (up,))
+    api.execute("RESET session_replication_role")
+    assert rows(api, "SELECT job_id, upstream_id FROM pgsched.job_dependency") == [{"job_id": down, "upstream_id": up}]
+    assert migrate.init(api).applied == [19]
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+    assert scalar(api, "SELECT count(*) FROM pg_constraint WHERE conname = 'job_dependency_upstream_id_fkey'") == 0
+
+
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
     a, b = add_job(api, T, job_name="a"), add_job(api, T, job_name="b")
     down = add_job(api, T, depends_on=["a"])
