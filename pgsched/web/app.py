@@ -31,7 +31,7 @@ from pgsched.errors import first_line
 from pgsched.ops import dashboard, query, upcoming
 from pgsched.web import charts, words
 from pgsched.web.sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, SignInRefused, same
-from pgsched.web.throttle import SignInThrottle
+from pgsched.web.throttle import SignInThrottle, client_of
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50
@@ -136,8 +136,8 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             return secure(PlainTextResponse("refused: the sign-in form's CSRF token is missing or wrong",
                                             status_code=403))
         role = str(form.get("role") or "")
-        client = request.client.host if request.client else "unknown"
-        wait = throttle.wait(client, role)
+        client = client_of(request.client.host if request.client else None)
+        wait = throttle.begin(client, role)
         if wait > 0:
             # Not even tried: PostgreSQL is not asked, so the password is not checked.
             token = secrets.token_urlsafe(32)
@@ -149,7 +149,8 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         try:
             s = sessions.sign_in(role, str(form.get("password") or ""))
         except SignInRefused as e:
-            throttle.refused(client, role)
+            if not e.guess:
+                throttle.forgive(client, role)
             token = secrets.token_urlsafe(32)
             resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
             _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)

@@ -27,8 +27,18 @@ COOKIE = "pgsched_session"
 LOGIN_COOKIE = "pgsched_signin"
 
 
+# What PostgreSQL says when it refuses the credentials themselves (a wrong password, an unknown
+# role, a pg_hba.conf reject): only such a refusal counts as a guess for the sign-in throttle.
+CREDENTIAL_REFUSALS = ("authentication failed", "pg_hba.conf")
+
+
 class SignInRefused(PgschedError):
-    """PostgreSQL (or the form) refused the sign-in; the message never holds the password."""
+    """PostgreSQL (or the form) refused the sign-in; the message never holds the password.
+    `guess`: the credentials were refused (not the form, nor a server down or full)."""
+
+    def __init__(self, message: str, *, guess: bool = False) -> None:
+        super().__init__(message)
+        self.guess = guess
 
 
 @dataclass
@@ -96,7 +106,8 @@ class Sessions:
             conn = open_connection(self.dsn, role, password, self.statement_timeout)
         except psycopg.Error as e:
             # libpq's message names the role, never the password; scrub it anyway.
-            raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***")) from None
+            guess = any(words in str(e).lower() for words in CREDENTIAL_REFUSALS)
+            raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***"), guess=guess) from None
         if not conn.pgconn.used_password:
             # trust (or peer, ident, cert) authentication: the password was never checked, so
             # anyone could sign in as this role. PostgreSQL must check it, or nobody signs in.

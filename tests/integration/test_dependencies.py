@@ -458,8 +458,8 @@ def test_a_paused_upstream_is_named_only_to_dependents_whose_owner_may_see_it(ap
             # one of the two dependents changes hands to a role that still sees the upstream
             api.execute("UPDATE pgsched.job SET owner = %s::regrole WHERE job_id = %s", (upown, seeing))
             api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (up,))
-            reasons = dict(api.execute("SELECT job_id, disabled_reason FROM pgsched.job_stats WHERE job_id IN (%s, %s)",
-                                       (seeing, blind)).fetchall())
+            reasons: dict[Any, Any] = {r[0]: r[1] for r in api.execute(
+                "SELECT job_id, disabled_reason FROM pgsched.job_stats WHERE job_id IN (%s, %s)", (seeing, blind))}
             assert reasons[seeing] == (f"upstream job {up} (secret_name) is disabled (paused): resume it, "
                                        "then this job")
             assert reasons[blind] == f"upstream job {up} is disabled: resume it, then this job"

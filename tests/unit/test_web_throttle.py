@@ -1,9 +1,12 @@
 """Sign-in throttling (pgsched/web/throttle.py) with an explicit clock: the two limits, the sliding
-window, what a success clears, and the table's bound."""
+window, attempts counted as they begin, what a success and a forgiven attempt take back, clients
+by address (IPv6 by /64), and the table's bound."""
 
 from __future__ import annotations
 
-from pgsched.web.throttle import SignInThrottle
+import threading
+
+from pgsched.web.throttle import SignInThrottle, client_of
 
 
 class Clock:
@@ -18,52 +21,79 @@ def test_a_role_is_refused_after_its_limit_until_the_oldest_attempt_leaves_the_w
     clock = Clock()
     t = SignInThrottle(per_role=3, per_client=10, window=60.0, clock=clock)
     for _ in range(3):
-        assert t.wait("10.0.0.1", "alice") == 0.0
-        t.refused("10.0.0.1", "alice")
+        assert t.begin("10.0.0.1", "alice") == 0.0
         clock.now += 10
     # attempts at 1000, 1010, 1020; now 1030: free again at 1060
-    assert t.wait("10.0.0.1", "alice") == 30.0
-    assert t.wait("10.0.0.1", "bob") == 0.0  # another role from the same client
-    assert t.wait("10.0.0.2", "alice") == 0.0  # the same role from elsewhere
+    assert t.begin("10.0.0.1", "alice") == 30.0
+    assert t.begin("10.0.0.1", "bob") == 0.0  # another role from the same client
+    assert t.begin("10.0.0.2", "alice") == 0.0  # the same role from elsewhere
     clock.now = 1059.9
-    assert t.wait("10.0.0.1", "alice") > 0
+    assert t.begin("10.0.0.1", "alice") > 0
     clock.now = 1060.0
-    assert t.wait("10.0.0.1", "alice") == 0.0
-    t.refused("10.0.0.1", "alice")  # back at the limit: free when 1010's leaves
-    assert t.wait("10.0.0.1", "alice") == 10.0
+    assert t.begin("10.0.0.1", "alice") == 0.0  # counted: back at the limit, free when 1010's leaves
+    assert t.begin("10.0.0.1", "alice") == 10.0
+
+
+def test_attempts_count_as_they_begin_so_a_burst_gets_only_the_limit_through() -> None:
+    t = SignInThrottle(per_role=5, per_client=20, window=60.0, clock=Clock())
+    through: list[bool] = []
+    start = threading.Barrier(50)
+
+    def attempt() -> None:
+        start.wait()
+        through.append(t.begin("10.0.0.1", "alice") == 0.0)
+
+    threads = [threading.Thread(target=attempt) for _ in range(50)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert through.count(True) == 5
 
 
 def test_a_client_trying_many_roles_is_refused_for_all_of_them() -> None:
-    clock = Clock()
-    t = SignInThrottle(per_role=3, per_client=5, window=60.0, clock=clock)
+    t = SignInThrottle(per_role=3, per_client=5, window=60.0, clock=Clock())
     for i in range(5):
-        t.refused("10.0.0.1", f"role{i}")
-    assert t.wait("10.0.0.1", "someone_else") == 60.0
-    assert t.wait("10.0.0.9", "someone_else") == 0.0
+        assert t.begin("10.0.0.1", f"role{i}") == 0.0
+    assert t.begin("10.0.0.1", "someone_else") == 60.0
+    assert t.begin("10.0.0.9", "someone_else") == 0.0
 
 
-def test_a_success_clears_its_role_count_not_the_clients() -> None:
-    clock = Clock()
-    t = SignInThrottle(per_role=2, per_client=3, window=60.0, clock=clock)
-    t.refused("c", "alice")
-    t.refused("c", "alice")
-    assert t.wait("c", "alice") > 0
+def test_a_success_clears_its_role_and_a_forgiven_attempt_is_taken_back() -> None:
+    t = SignInThrottle(per_role=2, per_client=3, window=60.0, clock=Clock())
+    t.begin("c", "alice")
+    t.begin("c", "alice")
+    assert t.begin("c", "alice") > 0
     t.accepted("c", "alice")
-    assert t.wait("c", "alice") == 0.0
-    t.refused("c", "bob")  # the client's third refusal in the window
-    assert t.wait("c", "alice") == 60.0
+    assert t.begin("c", "alice") == 0.0  # the client's count: 1 (the success taken back), now 2
+    t.forgive("c", "alice")  # the server was down: not a guess; the client's count 1 again
+    assert t.begin("c", "bob") == 0.0
+    assert t.begin("c", "carol") == 0.0  # the client's third
+    assert t.begin("c", "dave") == 60.0
 
 
-def test_the_table_stays_within_its_bound() -> None:
+def test_a_client_is_its_address_and_an_ipv6_one_its_slash_64() -> None:
+    assert client_of("192.0.2.7") == "192.0.2.7"
+    assert client_of("2001:db8:1:2:aaaa::1") == client_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert client_of("2001:db8:1:3::1") != client_of("2001:db8:1:2::1")
+    assert client_of("::ffff:192.0.2.7") == "192.0.2.7"
+    assert client_of(None) == "unknown"
+    assert client_of("testclient") == "testclient"
+
+
+def test_the_table_stays_within_its_bound_and_keeps_the_newest() -> None:
     clock = Clock()
     t = SignInThrottle(per_role=5, per_client=5, window=60.0, clock=clock, max_keys=100)
     for i in range(1000):
-        t.refused(f"10.0.{i // 256}.{i % 256}", "alice")
+        t.begin(f"10.0.{i // 256}.{i % 256}", "alice")
         clock.now += 0.001
-        assert len(t._refused) <= 100
-    # the newest are kept: the last client still has its two keys
-    assert t.wait("10.0.3.231", "alice") == 0.0 and ("10.0.3.231", "alice") in t._refused
-    # asking creates nothing
-    for i in range(500):
-        t.wait(f"192.168.0.{i}", "x")
-    assert len(t._refused) <= 100
+        assert len(t._attempts) <= 100
+    last = "10.0.3.231"
+    assert (last, "alice") in t._attempts and (last, None) in t._attempts
+    # asking when nothing may be let through creates nothing either
+    for _ in range(5):
+        t.begin("192.168.0.1", "x")
+    size = len(t._attempts)
+    for _ in range(100):
+        assert t.begin("192.168.0.1", "x") > 0
+    assert len(t._attempts) == size

@@ -97,7 +97,20 @@ def test_refused_sign_ins_are_throttled_without_asking_postgresql(webdb: WebDb) 
         assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
         sign_in(client, webdb.odb.bob)  # another role from the same address
         now[0] = 301.0
+        # refusals that are not a guess are not counted: a form without a password
+        for _ in range(10):
+            assert attempt(webdb.odb.alice, "").status_code == 401
         sign_in(client, webdb.odb.alice)
+
+
+def test_sign_ins_refused_by_a_server_that_is_down_are_not_counted(webdb: WebDb) -> None:
+    """A person retrying while PostgreSQL cannot be reached is not throttled for it afterwards."""
+    down = f"host=127.0.0.1 port={free_port()} dbname=postgres connect_timeout=2"
+    with TestClient(web_app.create_app(down), follow_redirects=False) as client:
+        for _ in range(8):
+            token = csrf_of(client.get("/signin").text)
+            r = client.post("/signin", data={"role": webdb.odb.alice, "password": PASSWORD, "csrf": token})
+            assert r.status_code == 401 and "sign-in refused" in r.text, r.text
 
 
 def test_sign_in_without_its_csrf_token_is_refused(webdb: WebDb, client: TestClient) -> None:
