@@ -155,6 +155,10 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
             _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
+        except BaseException:
+            # Not a refusal (the schema's version, say): nothing was guessed.
+            throttle.forgive(client, role)
+            raise
         throttle.accepted(client, role)
         resp = secure(RedirectResponse(nxt, 303))
         _cookie(request, resp, COOKIE, s.sid, max_age=int(lifetime))

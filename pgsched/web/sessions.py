@@ -22,14 +22,23 @@ from psycopg.rows import dict_row
 from pgsched import migrate
 from pgsched.errors import PgschedError, first_line
 from pgsched.ops.query import Conn, tolerate_edge_times
+from pgsched.worker import passing_refusal
 
 COOKIE = "pgsched_session"
 LOGIN_COOKIE = "pgsched_signin"
 
 
-# What PostgreSQL says when it refuses the credentials themselves (a wrong password, an unknown
-# role, a pg_hba.conf reject): only such a refusal counts as a guess for the sign-in throttle.
-CREDENTIAL_REFUSALS = ("authentication failed", "pg_hba.conf")
+# Refusals that say nothing of the credentials: the server could not be reached, or was full,
+# starting or stopping (worker.PASSING_REFUSALS), or the client gave up waiting. Every other
+# refusal counts as a guess for the sign-in throttle: the server's messages are in its own
+# lc_messages, so a credential refusal cannot be told by its words, and one that is not known
+# for certain to be something else must count.
+NOT_A_GUESS = ("timeout expired", "could not connect", "no such file or directory", "could not translate host name")
+
+
+def is_guess(e: psycopg.Error) -> bool:
+    """Whether a refused connection counts as a guess of the credentials (NOT_A_GUESS)."""
+    return passing_refusal(e) is None and not any(words in str(e).lower() for words in NOT_A_GUESS)
 
 
 class SignInRefused(PgschedError):
@@ -106,8 +115,8 @@ class Sessions:
             conn = open_connection(self.dsn, role, password, self.statement_timeout)
         except psycopg.Error as e:
             # libpq's message names the role, never the password; scrub it anyway.
-            guess = any(words in str(e).lower() for words in CREDENTIAL_REFUSALS)
-            raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***"), guess=guess) from None
+            raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***"),
+                                guess=is_guess(e)) from None
         if not conn.pgconn.used_password:
             # trust (or peer, ident, cert) authentication: the password was never checked, so
             # anyone could sign in as this role. PostgreSQL must check it, or nobody signs in.

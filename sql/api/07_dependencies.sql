@@ -154,8 +154,6 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     added integer[];
     bad integer;
-    seen integer[];
-    kept integer[];
 BEGIN
     IF inserted THEN
         INSERT INTO pgsched.job_dependency (job_id, upstream_id)
@@ -176,23 +174,6 @@ BEGIN
     ELSIF NOT inserted THEN
         PERFORM pgsched._check_upstreams(_sync_dependencies.job_id, added);
     END IF;
-    -- The upstreams it gets edges to (below) are locked before anything is decided, since no
-    -- foreign key holds them (migration 0019): a deletion of one then waits for this transaction,
-    -- whose edge it will find, or has deleted it first, and the edge would point at nothing. Such
-    -- a race is refused as a serialization failure, to be retried, and not taken as an unknown id.
-    SELECT array_agg(j.job_id) INTO seen FROM pgsched.job j
-     WHERE j.job_id = ANY (CASE WHEN inserted THEN _sync_dependencies.depends_on ELSE added END)
-       AND pgsched._may_see(_sync_dependencies.owner, j.owner);
-    IF seen IS NOT NULL THEN
-        SELECT array_agg(l.job_id) INTO kept
-          FROM (SELECT j.job_id FROM pgsched.job j WHERE j.job_id = ANY (seen) ORDER BY j.job_id FOR KEY SHARE) l;
-        SELECT min(u) INTO bad FROM unnest(seen) AS u WHERE NOT (u = ANY (coalesce(kept, '{}')));
-        IF bad IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = '40001',
-                MESSAGE = format('invalid depends_on: job %s was deleted while this change named it', bad),
-                HINT = 'try again: depends_on must be ' || pgsched._depends_form();
-        END IF;
-    END IF;
     -- A new job may name an id that does not exist (yet), so one the owner may not see is taken
     -- the same way, with no edge (below): refusing it would tell the writer the id exists. A
     -- changed job's new upstreams must exist and be visible, both refused alike.
@@ -211,10 +192,11 @@ BEGIN
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
     -- A changed job gets edges for what was checked above only: an id it kept without an edge
-    -- keeps none (an edge made for it now would skip the cycle check). The upstreams are those
-    -- locked above.
+    -- keeps none (an edge made for it now would skip the cycle check).
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
-    SELECT _sync_dependencies.job_id, u FROM unnest(kept) AS u
+    SELECT _sync_dependencies.job_id, u FROM unnest(CASE WHEN inserted THEN depends_on ELSE added END) AS u
+     WHERE EXISTS (SELECT 1 FROM pgsched.job j
+                    WHERE j.job_id = u AND pgsched._may_see(_sync_dependencies.owner, j.owner))
     ON CONFLICT DO NOTHING;
 END
 $$;
@@ -248,12 +230,8 @@ BEGIN
 END
 $$;
 
--- Upstreams deleted (the job table's statement trigger calls this with their ids): the dependents
--- that had an edge to one (job_dependency; since migration 0019 no foreign key removes them first)
--- are disabled with the reason, and lose it from depends_on. The edge decides, not whether the
--- dependent's owner may see the upstream now: one named blind (hidden or unknown then, so no edge)
--- stays in depends_on as an id that never existed, and the deletion tells its owner nothing; one
--- seen when the edge was made is reported deleted, by its name only if its owner may still see it.
+-- Upstreams deleted (the job table's statement trigger calls this with their ids): their
+-- dependents are disabled with the reason, and lose them from depends_on.
 CREATE OR REPLACE FUNCTION pgsched._dependency_deleted()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -265,17 +243,15 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH hit AS (
-        SELECT j.job_id, array_agg(g.job_id) AS lost,
-               string_agg(CASE WHEN pgsched._may_see(j.owner, g.owner) THEN format('%s (%s)', g.job_id, g.job_name)
-                               ELSE g.job_id::text END, ', ' ORDER BY g.job_id) AS names
-          FROM pgsched.job_dependency e
-          JOIN gone g ON g.job_id = e.upstream_id
-          JOIN pgsched.job j ON j.job_id = e.job_id
-         WHERE e.upstream_id = ANY (gone_ids)
+        SELECT j.job_id, string_agg(format('%s (%s)', g.job_id, g.job_name), ', ' ORDER BY g.job_id) AS names
+          FROM pgsched.job j JOIN gone g ON g.job_id = ANY (j.depends_on)
+         -- (one that names an upstream its owner may not see never had its edge: _sync_dependencies;
+         -- its name stays, as that of an id that never existed, and the deletion tells it nothing)
+         WHERE j.depends_on && gone_ids AND pgsched._may_see(j.owner, g.owner)
          GROUP BY j.job_id
     ), d AS (
         UPDATE pgsched.job j
-           SET depends_on = nullif(ARRAY(SELECT u FROM unnest(j.depends_on) AS u WHERE NOT (u = ANY (hit.lost))
+           SET depends_on = nullif(ARRAY(SELECT u FROM unnest(j.depends_on) AS u WHERE NOT (u = ANY (gone_ids))
                                          ORDER BY u), '{}'),
                scheduled = false
           FROM hit WHERE j.job_id = hit.job_id
@@ -285,8 +261,6 @@ BEGIN
        SET disabled_reason = format('upstream job %s deleted: give the job other upstreams (alter_job depends_on) '
                                     || 'or a schedule, then resume it', h.names)
       FROM hit h WHERE s.job_id = h.job_id AND h.job_id IN (SELECT d.job_id FROM d);
-    -- The rewrite of depends_on removed their edges (_sync_dependencies); whatever is left goes too.
-    DELETE FROM pgsched.job_dependency e WHERE e.upstream_id = ANY (gone_ids);
     RETURN NULL;
 END
 $$;

@@ -314,123 +314,9 @@ def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, 
                            ).fetchall() == [(f"after_{up}", [up], True, None), ("after_999999", [999999], True, None)]
 
 
-def test_deleting_an_upstream_decides_by_its_edge_not_by_who_may_see_it_now(api: Conn, db: str) -> None:
-    """Migration 0019: the dependents disabled are those that had an edge to the deleted job. One whose
-    owner saw it when naming it and lost sight of it since is disabled (it would wait for runs that
-    never come), told the id only; one named blind (no edge) is left as it is, whoever sees it now."""
-    def dependent(job_id: int) -> tuple[Any, ...]:
-        got = api.execute("SELECT j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
-                          "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (job_id,)).fetchone()
-        return tuple(got or ())
-
-    with as_new_role(api, db, "upown") as upown:
-        seen = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'seen')"))
-        blind = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'blind')"))
-        api.execute("RESET ROLE")
-        with as_new_role(api, db, "dep") as dep:
-            named_blind = int(scalar(api, "INSERT INTO pgsched.job (job_name, kind, command, schedule, depends_on) "
-                                          "VALUES ('named_blind', 'command', 'SELECT 1', '@after', %s) "
-                                          "RETURNING job_id", ([blind],)))
-            api.execute("RESET ROLE")
-            api.execute(f"GRANT {upown} TO {dep}")
-            api.execute(f"SET ROLE {dep}")
-            named_seen = after(api, [seen])
-            api.execute("RESET ROLE")
-            assert rows(api, "SELECT job_id, upstream_id FROM pgsched.job_dependency") == [
-                {"job_id": named_seen, "upstream_id": seen}]
-            api.execute(f"REVOKE {upown} FROM {dep}")
-            with psycopg.connect(db, autocommit=True) as admin:
-                admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (seen,))
-            assert dependent(named_seen) == (
-                None, False, f"upstream job {seen} deleted: give the job other upstreams (alter_job depends_on) "
-                             "or a schedule, then resume it")
-            # the other way round: seen now, named blind
-            api.execute(f"GRANT {upown} TO {dep}")
-            with psycopg.connect(db, autocommit=True) as admin:
-                admin.execute("DELETE FROM pgsched.job WHERE job_id = %s", (blind,))
-            assert dependent(named_blind) == ([blind], True, None)
-            assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
-
-
-def test_an_upstream_deleted_while_an_edge_to_it_is_being_made_waits_for_it(api: Conn, db: str) -> None:
-    """The check that an edge's upstream exists waits for commit (migration 0019), so the edge's
-    writer locks the upstream first: a deletion of it waits for that transaction, then finds the
-    edge and disables the dependent. Without the lock the deletion saw no edge, and the writer's
-    commit failed on the missing upstream."""
-    up = add_job(api, T, job_name="racing")
-    down = add_job(api, T)
-    with psycopg.connect(db) as writer:
-        writer.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (down, [str(up)]))
-        deleted = threading.Event()
-
-        def delete() -> None:
-            with psycopg.connect(db, autocommit=True) as c:
-                c.execute("SELECT pgsched.delete_job(%s)", (up,))
-            deleted.set()
-
-        deleter = threading.Thread(target=delete)
-        deleter.start()
-        try:
-            blocked = False
-            for _ in range(200):  # until the deletion waits on the writer's lock (at most 10 s)
-                if scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                               "AND query LIKE '%%delete_job%%'") == 1:
-                    blocked = True
-                    break
-                if deleted.wait(0.05):
-                    break
-            assert blocked, "the deletion did not wait for the transaction making an edge to its job"
-            writer.commit()
-        finally:
-            deleter.join(10)
-    assert deleted.is_set()
-    assert api.execute("SELECT j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
-                       "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (down,)).fetchone() == (
-        None, False, f"upstream job {up} (racing) deleted: give the job other upstreams (alter_job depends_on) "
-                     "or a schedule, then resume it")
-    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
-
-
-def test_an_edge_named_while_its_upstream_is_being_deleted_is_refused_to_be_retried(api: Conn, db: str) -> None:
-    """The other order of the race above: the deletion comes first and is not committed when a change
-    names the upstream. The change waits for it, then is refused (40001, to be retried), rather than
-    keep an id whose job is gone with no edge and nothing said."""
-    up = add_job(api, T, job_name="doomed")
-    down = add_job(api, T)
-    with psycopg.connect(db) as deleter:
-        deleter.execute("SELECT pgsched.delete_job(%s)", (up,))
-        got: list[BaseException | None] = []
-
-        def change() -> None:
-            with psycopg.connect(db, autocommit=True) as c:
-                try:
-                    c.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (down, [str(up)]))
-                    got.append(None)
-                except psycopg.Error as e:
-                    got.append(e)
-
-        changer = threading.Thread(target=change)
-        changer.start()
-        try:
-            for _ in range(200):  # until the change waits on the deletion (at most 10 s)
-                if scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                               "AND query LIKE '%%alter_job%%'") == 1 or got:
-                    break
-                threading.Event().wait(0.05)
-            deleter.commit()
-        finally:
-            changer.join(10)
-    [e] = got
-    assert isinstance(e, psycopg.errors.SerializationFailure), e
-    assert f"invalid depends_on: job {up} was deleted while this change named it" in str(e)
-    assert api.execute("SELECT j.depends_on, j.scheduled FROM pgsched.job j WHERE job_id = %s",
-                       (down,)).fetchone() == (None, True)
-    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
-
-
 def test_an_upstream_is_deleted_with_every_constraint_immediate(api: Conn) -> None:
-    """No foreign key holds the edges' upstream side (migration 0019): SET CONSTRAINTS ALL IMMEDIATE
-    cannot check one before the deletion's trigger has removed them."""
+    """The edges go with their upstream whatever SET CONSTRAINTS says (their foreign key cascades, and
+    is not deferrable), and its dependents are disabled."""
     up = add_job(api, T, job_name="gone_now")
     down = after(api, [up])
     api.execute("BEGIN")
@@ -463,24 +349,6 @@ def test_a_paused_upstream_is_named_only_to_dependents_whose_owner_may_see_it(ap
             assert reasons[seeing] == (f"upstream job {up} (secret_name) is disabled (paused): resume it, "
                                        "then this job")
             assert reasons[blind] == f"upstream job {up} is disabled: resume it, then this job"
-
-
-def test_migration_0019_removes_edges_to_jobs_that_no_longer_exist(api: Conn) -> None:
-    """A deletion made with session_replication_role = replica fires no trigger and left edges to a
-    job that is gone; the upstream side's foreign key is dropped, and those edges with it."""
-    up = add_job(api, T)
-    down = after(api, [up])
-    # the layout before 0019, and an edge whose upstream was deleted without triggers
-    api.execute("ALTER TABLE pgsched.job_dependency ADD CONSTRAINT job_dependency_upstream_id_fkey "
-                "FOREIGN KEY (upstream_id) REFERENCES pgsched.job ON DELETE CASCADE NOT VALID")
-    api.execute(sql.SQL("DELETE FROM {} WHERE version = 19").format(sql.SQL(migrate.ledger(19))))
-    api.execute("SET session_replication_role = replica")
-    api.execute("DELETE FROM pgsched.job WHERE job_id = %s", (up,))
-    api.execute("RESET session_replication_role")
-    assert rows(api, "SELECT job_id, upstream_id FROM pgsched.job_dependency") == [{"job_id": down, "upstream_id": up}]
-    assert migrate.init(api).applied == [19]
-    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
-    assert scalar(api, "SELECT count(*) FROM pg_constraint WHERE conname = 'job_dependency_upstream_id_fkey'") == 0
 
 
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
@@ -800,11 +668,8 @@ def test_an_upstream_is_deleted_whatever_its_dependents_name_and_whoever_owned_t
             api.execute("SELECT pgsched.delete_job(%s)", (visible,))
             got = api.execute("SELECT job_name, depends_on FROM pgsched.job WHERE job_name IN "
                               "('with_hidden', 'with_unknown', 'orphan') ORDER BY 1").fetchall()
-            # (the orphan had its edge: it loses the upstream like the others, told the id only, since
-            # a dropped role may see nothing)
-            assert got == [("orphan", None), ("with_hidden", [hidden]), ("with_unknown", [999999])]
-            assert scalar(api, "SELECT disabled_reason FROM pgsched.job_stats WHERE job_name = 'orphan'"
-                          ).startswith(f"upstream job {visible} deleted:")
+            # (a dropped role may see nothing: its job is left as it is, and cannot run anyway)
+            assert got == [("orphan", [visible]), ("with_hidden", [hidden]), ("with_unknown", [999999])]
             api.execute(f"SET ROLE {namer}")
     finally:
         api.execute("RESET ROLE")

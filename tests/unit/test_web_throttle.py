@@ -97,3 +97,24 @@ def test_the_table_stays_within_its_bound_and_keeps_the_newest() -> None:
     for _ in range(100):
         assert t.begin("192.168.0.1", "x") > 0
     assert len(t._attempts) == size
+
+
+def test_every_refusal_is_a_guess_but_those_known_to_say_nothing_of_the_credentials() -> None:
+    """The server's messages are in its lc_messages: a refusal in words the dashboard does not know
+    counts (a German "password authentication failed" too); only the server unreachable, full,
+    starting or stopping, or the client's own timeout, do not."""
+    import psycopg
+
+    from pgsched.web.sessions import is_guess
+
+    def refused(text: str) -> psycopg.OperationalError:
+        return psycopg.OperationalError(text)
+
+    assert is_guess(refused('FATAL:  password authentication failed for user "alice"'))
+    assert is_guess(refused("FATAL:  Passwort-Authentifizierung für Benutzer »alice« fehlgeschlagen"))
+    assert is_guess(refused('FATAL:  no pg_hba.conf entry for host "10.0.0.1", user "alice"'))
+    assert not is_guess(refused('connection to server at "127.0.0.1", port 1 failed: Connection refused'))
+    assert not is_guess(refused("FATAL:  sorry, too many clients already"))
+    assert not is_guess(refused("FATAL:  the database system is starting up"))
+    assert not is_guess(refused("timeout expired"))
+    assert not is_guess(refused('connection to server on socket "/x/.s.PGSQL.5432" failed: No such file or directory'))
