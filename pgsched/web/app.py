@@ -135,7 +135,18 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         if not same(form.get("csrf"), request.cookies.get(LOGIN_COOKIE)):
             return secure(PlainTextResponse("refused: the sign-in form's CSRF token is missing or wrong",
                                             status_code=403))
-        role = str(form.get("role") or "")
+        role, password = str(form.get("role") or ""), str(form.get("password") or "")
+
+        def refused(e: SignInRefused) -> Response:
+            token = secrets.token_urlsafe(32)
+            resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
+            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
+            return resp
+
+        try:
+            sessions.check_form(role, password)  # before the throttle: a form error is no guess
+        except SignInRefused as e:
+            return refused(e)
         client = client_of(request.client.host if request.client else None)
         wait = throttle.begin(client, role)
         if wait > 0:
@@ -147,16 +158,14 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
         try:
-            s = sessions.sign_in(role, str(form.get("password") or ""))
+            s = sessions.sign_in(role, password)
         except SignInRefused as e:
             if not e.guess:
                 throttle.forgive(client, role)
-            token = secrets.token_urlsafe(32)
-            resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
-            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
-            return resp
+            return refused(e)
         except BaseException:
-            # Not a refusal (the schema's version, say): nothing was guessed.
+            # Not a refusal of the credentials (the schema's version, after the password was
+            # taken): not counted against the client.
             throttle.forgive(client, role)
             raise
         throttle.accepted(client, role)

@@ -1,6 +1,7 @@
 """Who is signed in: a session is a PostgreSQL connection opened with the role and password
 a person typed, so every query of theirs runs as that role and row-level security decides
-what they see. The password goes to libpq and nowhere else: not kept, not logged, not in an
+what they see. It also owns which refused sign-ins count as guesses (is_guess), for the
+throttle (pgsched/web/throttle.py). The password goes to libpq and nowhere else: not kept, not logged, not in an
 error message. Sessions end after `idle` seconds without a request or `lifetime` seconds in
 all, and their connection is closed. Each session has its own CSRF token, which every POST
 must carry (checked with a constant-time comparison)."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -22,7 +24,7 @@ from psycopg.rows import dict_row
 from pgsched import migrate
 from pgsched.errors import PgschedError, first_line
 from pgsched.ops.query import Conn, tolerate_edge_times
-from pgsched.worker import passing_refusal
+from pgsched.worker import PASSING_REFUSALS
 
 COOKIE = "pgsched_session"
 LOGIN_COOKIE = "pgsched_signin"
@@ -33,12 +35,20 @@ LOGIN_COOKIE = "pgsched_signin"
 # refusal counts as a guess for the sign-in throttle: the server's messages are in its own
 # lc_messages, so a credential refusal cannot be told by its words, and one that is not known
 # for certain to be something else must count.
-NOT_A_GUESS = ("timeout expired", "could not connect", "no such file or directory", "could not translate host name")
+NOT_A_GUESS = (*PASSING_REFUSALS, "timeout expired", "could not connect", "no such file or directory",
+               "could not translate host name")
+# psycopg tries each host (and address) of a DSN in turn, and joins the failures of all of them.
+ATTEMPTS_JOINED = "Multiple connection attempts failed. All failures were:"
 
 
 def is_guess(e: psycopg.Error) -> bool:
-    """Whether a refused connection counts as a guess of the credentials (NOT_A_GUESS)."""
-    return passing_refusal(e) is None and not any(words in str(e).lower() for words in NOT_A_GUESS)
+    """Whether a refused connection counts as a guess of the credentials: one of its attempts was
+    refused for something not known to say nothing of them (NOT_A_GUESS). Each attempt on its own:
+    `host=localhost` refused on ::1 and asked for a password on 127.0.0.1 is a guess."""
+    text = str(e)
+    _, joined, rest = text.partition(ATTEMPTS_JOINED)
+    attempts = re.split(r"\n- host: ", rest)[1:] if joined else [text]
+    return any(not any(words in a.lower() for words in NOT_A_GUESS) for a in attempts)
 
 
 class SignInRefused(PgschedError):
@@ -75,6 +85,11 @@ def same(a: str | None, b: str | None) -> bool:
 def open_connection(dsn: str, role: str | None = None, password: str | None = None,
                     statement_timeout: str | None = None) -> Conn:
     """A connection for a session: the DSN's, with `role` and `password` in place of its own."""
+    return set_up(connect(dsn, role, password), statement_timeout)
+
+
+def connect(dsn: str, role: str | None = None, password: str | None = None) -> Conn:
+    """The DSN's connection, with `role` and `password` in place of its own; not yet set up."""
     params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(dsn)
     if role is not None:
         params["user"] = role
@@ -82,6 +97,11 @@ def open_connection(dsn: str, role: str | None = None, password: str | None = No
     params.setdefault("connect_timeout", 10)
     conn: Conn = psycopg.connect(autocommit=True, row_factory=dict_row, application_name="pgsched web",
                                  **{k: v for k, v in params.items() if v is not None})
+    return conn
+
+
+def set_up(conn: Conn, statement_timeout: str | None) -> Conn:
+    """A new session's settings, and the check that the schema serves this release (closed if not)."""
     tolerate_edge_times(conn)
     try:
         if statement_timeout is not None:
@@ -106,17 +126,27 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def sign_in(self, role: str, password: str) -> Session:
+    @staticmethod
+    def check_form(role: str, password: str) -> None:
+        """Refuse a sign-in form that cannot name a role and its password (never a guess)."""
         if not role or len(role) > 63:
             raise SignInRefused("role: give the name of a PostgreSQL role (1 to 63 characters)")
         if not password:
             raise SignInRefused("password: give the role's PostgreSQL password")
+
+    def sign_in(self, role: str, password: str) -> Session:
+        self.check_form(role, password)
         try:
-            conn = open_connection(self.dsn, role, password, self.statement_timeout)
+            conn = connect(self.dsn, role, password)
         except psycopg.Error as e:
             # libpq's message names the role, never the password; scrub it anyway.
             raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***"),
                                 guess=is_guess(e)) from None
+        try:
+            set_up(conn, self.statement_timeout)
+        except psycopg.Error as e:
+            # In, with the right password: the server refused what followed (not a guess).
+            raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***")) from None
         if not conn.pgconn.used_password:
             # trust (or peer, ident, cert) authentication: the password was never checked, so
             # anyone could sign in as this role. PostgreSQL must check it, or nobody signs in.

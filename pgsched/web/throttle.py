@@ -59,9 +59,9 @@ class SignInThrottle:
     clock: Callable[[], float] = time.monotonic
     max_keys: int = MAX_KEYS
     # key -> the times of its counted attempts still in the window, oldest first.
-    _attempts: dict[Key, deque[float]] = field(default_factory=dict)
+    _attempts: dict[Key, deque[float]] = field(default_factory=dict, init=False, repr=False)
     # Sign-ins are handled in several threads at once (Starlette runs sync handlers in a pool).
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def begin(self, client: str, role: str) -> float:
         """Seconds until `client` may try `role` again; 0 when it may now, the attempt then counted."""
@@ -81,17 +81,22 @@ class SignInThrottle:
         """Take back an attempt that was not a guess."""
         with self._lock:
             for key in ((client, role), (client, None)):
-                times = self._attempts.get(key)
-                if times:
-                    times.pop()
+                self._take_back(key)
 
     def accepted(self, client: str, role: str) -> None:
         """A sign-in succeeded: the role's count from this client starts again."""
         with self._lock:
             self._attempts.pop((client, role), None)
-            times = self._attempts.get((client, None))
-            if times:
-                times.pop()
+            self._take_back((client, None))
+
+    def _take_back(self, key: Key) -> None:
+        # The newest: which of the attempts in flight it was does not change the count. A key left
+        # with none goes, so that what was never counted is not kept.
+        times = self._attempts.get(key)
+        if times:
+            times.pop()
+        if not times:
+            self._attempts.pop(key, None)
 
     def _wait(self, key: Key, limit: int, now: float) -> float:
         times = self._attempts.get(key)

@@ -299,7 +299,6 @@ def test_scheduler_connection_terminated_mid_run(pg_server: PgServer, jobs_db: s
     assert s.proc.poll() is None
 
 
-
 def test_an_instance_purged_while_cut_off_registers_again_and_runs_on(pg_server: PgServer, jobs_db: str,
                                                                      serve: ServeFactory) -> None:
     """The scheduler's connection is cut, and while it cannot reconnect its instance row is purged

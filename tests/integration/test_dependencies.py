@@ -316,7 +316,8 @@ def test_a_job_another_role_owns_and_the_owner_cannot_see_is_refused(api: Conn, 
 
 def test_an_upstream_is_deleted_with_every_constraint_immediate(api: Conn) -> None:
     """The edges go with their upstream whatever SET CONSTRAINTS says (their foreign key cascades, and
-    is not deferrable), and its dependents are disabled."""
+    is not deferrable), and its dependents are disabled. (A deferred foreign key, tried on 2026-11-28
+    so that the deletion's trigger could read the edges first, failed here.)"""
     up = add_job(api, T, job_name="gone_now")
     down = after(api, [up])
     api.execute("BEGIN")

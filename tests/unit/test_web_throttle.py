@@ -118,3 +118,33 @@ def test_every_refusal_is_a_guess_but_those_known_to_say_nothing_of_the_credenti
     assert not is_guess(refused("FATAL:  the database system is starting up"))
     assert not is_guess(refused("timeout expired"))
     assert not is_guess(refused('connection to server on socket "/x/.s.PGSQL.5432" failed: No such file or directory'))
+
+
+def test_a_refusal_is_a_guess_if_any_host_of_the_dsn_was_asked_for_the_credentials() -> None:
+    """psycopg tries each host and address of a DSN and joins their failures: one refused for a
+    harmless reason does not make the others' wrong password harmless."""
+    import psycopg
+
+    from pgsched.web.sessions import is_guess
+
+    joined = ('connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password '
+              'authentication failed for user "alice"\nMultiple connection attempts failed. All failures were:\n'
+              "- host: 'localhost', port: '5432', hostaddr: '::1': connection failed: connection to server at "
+              '"::1", port 5432 failed: Connection refused\n\tIs the server running on that host and accepting '
+              "TCP/IP connections?\n- host: 'localhost', port: '5432', hostaddr: '127.0.0.1': connection failed: "
+              'connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for '
+              'user "alice"')
+    assert is_guess(psycopg.OperationalError(joined))
+    harmless = joined.replace('FATAL:  password authentication failed for user "alice"', "Connection refused")
+    assert not is_guess(psycopg.OperationalError(harmless))
+
+
+def test_a_forgiven_attempt_leaves_no_key_behind() -> None:
+    t = SignInThrottle(clock=Clock())
+    t.begin("c", "x" * 1000)
+    t.forgive("c", "x" * 1000)
+    assert t._attempts == {}
+    t.begin("c", "alice")
+    t.accepted("c", "alice")
+    assert t._attempts == {}
+    assert "_attempts" not in repr(t)
