@@ -762,7 +762,14 @@ BEGIN
                     run_ids := run_ids || c.run_id; job_ids := job_ids || c.job_id;
                     olds := olds || c.old_state; news := news || c.new_state;
                 END LOOP;
-            EXCEPTION WHEN OTHERS THEN
+            EXCEPTION
+                -- A moment's conflict with another session (a lock held past lock_timeout, a
+                -- deadlock, a serialization failure, a cancel) says nothing of the job's rows:
+                -- the whole close fails, and the scheduler writes it again (its runs' ends are
+                -- kept). Disabling the job for it stopped a healthy job for good.
+                WHEN serialization_failure OR deadlock_detected OR lock_not_available OR query_canceled THEN
+                    RAISE;
+                WHEN OTHERS THEN
                 problem := format('the catalog rows of this job cannot be updated (%s): disabled', SQLERRM);
                 -- The row says why the job was disabled: kept, whatever the job's history level.
                 FOR c IN SELECT * FROM pgsched._end_runs(jsonb_build_array(e || jsonb_build_object(

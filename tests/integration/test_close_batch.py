@@ -150,3 +150,34 @@ def test_the_close_records_the_worker_and_backend_that_really_ran_the_run(api: C
     as_claimed = {j: (claimed[j]["worker_pid"], claimed[j]["backend_pid"]) for j in (b, d)}
     assert pids == {a: (300, 400), b: as_claimed[b], c: (301, None), d: as_claimed[d]}
     assert got[a]["t"].startswith("pgsched.job_run_2") and got[d]["t"] == "pgsched.job_run_live"
+
+
+@pytest.mark.parametrize("sqlstate", ["40001", "40P01", "55P03", "57014"])
+def test_a_close_that_meets_a_passing_conflict_fails_whole_and_disables_nothing(api: Conn, sqlstate: str) -> None:
+    """A serialization failure, a deadlock, a lock timeout or a cancel in a close is a moment's
+    conflict with another session, not a job whose rows cannot be updated: the close fails whole
+    (the scheduler keeps the run's end and writes it again), and the job stays scheduled. It used
+    to be closed by the fallback and disabled for good (seen in CI on 2026-11-28: a PostgreSQL
+    restart under three instances left a job disabled). Here a trigger raises the error on the
+    close's update of the run, and not on the fallback's (whose message names the problem)."""
+    job, _ = add_pair(api)
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 16, now => %s)",
+                    (T,)))
+    [run] = [r for r in rows(api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)",
+                             (me, [100, 101], [0, 0], T)) if int(r["job_id"]) == job]
+    api.execute(f"""CREATE FUNCTION public.conflict() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'a passing conflict (the test)' USING ERRCODE = '{sqlstate}'; END $$""")
+    api.execute("CREATE TRIGGER conflict BEFORE UPDATE ON pgsched.job_run FOR EACH ROW "
+                "WHEN (NEW.outcome <> 'running' AND NEW.message NOT LIKE '%cannot be updated%') "
+                "EXECUTE FUNCTION public.conflict()")
+    try:
+        with pytest.raises(psycopg.Error) as e:
+            close(api, [end(run, CASES[0], 0)])
+        assert e.value.sqlstate == sqlstate
+        assert stat(api, job)["scheduled"] is True and stat(api, job)["disabled_reason"] is None
+        assert run_row(api, job)["outcome"] == "running"
+    finally:
+        api.execute("DROP TRIGGER conflict ON pgsched.job_run")
+        api.execute("DROP FUNCTION public.conflict()")
+    assert close(api, [end(run, CASES[0], 0)]) == {int(run["run_id"]): ("starting", "scheduled")}
+    assert run_row(api, job)["outcome"] == "success" and stat(api, job)["scheduled"] is True
