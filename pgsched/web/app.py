@@ -137,32 +137,30 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
                                             status_code=403))
         role, password = str(form.get("role") or ""), str(form.get("password") or "")
 
-        def refused(e: SignInRefused) -> Response:
+        def refused(error: str, status: int = 401) -> Response:
+            """The sign-in form again, with why, and a new CSRF token."""
             token = secrets.token_urlsafe(32)
-            resp = render(request, "signin.html", None, status=401, token=token, next=nxt, error=str(e), role=role)
+            resp = render(request, "signin.html", None, status=status, token=token, next=nxt, error=error, role=role)
             _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
 
         try:
             sessions.check_form(role, password)  # before the throttle: a form error is no guess
         except SignInRefused as e:
-            return refused(e)
+            return refused(str(e))
         client = client_of(request.client.host if request.client else None)
         wait = throttle.begin(client, role)
         if wait > 0:
             # Not even tried: PostgreSQL is not asked, so the password is not checked.
-            token = secrets.token_urlsafe(32)
-            resp = render(request, "signin.html", None, status=429, token=token, next=nxt, role=role,
-                          error=f"too many refused sign-ins from this address: try again in {ceil(wait)} s")
+            resp = refused(f"too many refused sign-ins from this address: try again in {ceil(wait)} s", 429)
             resp.headers["Retry-After"] = str(ceil(wait))
-            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
         try:
             s = sessions.sign_in(role, password)
         except SignInRefused as e:
             if not e.guess:
                 throttle.forgive(client, role)
-            return refused(e)
+            return refused(str(e))
         except BaseException:
             # Not a refusal of the credentials (the schema's version, after the password was
             # taken): not counted against the client.

@@ -1,8 +1,8 @@
 """Who is signed in: a session is a PostgreSQL connection opened with the role and password
 a person typed, so every query of theirs runs as that role and row-level security decides
 what they see. It also owns which refused sign-ins count as guesses (is_guess), for the
-throttle (pgsched/web/throttle.py). The password goes to libpq and nowhere else: not kept, not logged, not in an
-error message. Sessions end after `idle` seconds without a request or `lifetime` seconds in
+throttle (pgsched/web/throttle.py). The password goes to libpq and nowhere else: not kept,
+not logged, not in an error message. Sessions end after `idle` seconds without a request or `lifetime` seconds in
 all, and their connection is closed. Each session has its own CSRF token, which every POST
 must carry (checked with a constant-time comparison)."""
 
