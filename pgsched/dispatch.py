@@ -24,7 +24,7 @@ from pgsched.faults import crashpoint
 from pgsched.launcher import Worker
 from pgsched.loop_state import LoopState
 from pgsched.model import Run
-from pgsched.state import JobState, Outcome, RunEnd, end_of_run, log_change
+from pgsched.state import JobState, Outcome, RunEnd, end_of_run, log_change, scope_retry_at
 from pgsched.store import Claimed, Closed, Finish
 
 log = logging.getLogger("pgsched.scheduler")
@@ -480,11 +480,19 @@ class Dispatch(LoopState):
                                        run.run_id, run.scope, outcome, duration,
                                        f" error={message!r}" if message else "",
                                        extra=self._run_fields(run, outcome, duration, sqlstate))
+            retry_at = None if disable_reason is not None else scope_retry_at(
+                job, outcome=outcome, attempt=run.attempt, finish=finish, rng=self.rng)
             self.pending.append(Finish(
                 run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
                 finished_at=finish, lease_token=run.lease_token, rows_affected=rows_affected, result=result,
                 worker_pid=run.worker_pid if run.pids_changed else None,
-                backend_pid=run.backend_pid if run.pids_changed else None))
+                backend_pid=run.backend_pid if run.pids_changed else None, retry_at=retry_at))
+            if retry_at is not None:
+                log.info("run %s of job %s, scope %r: its retry (attempt %d) is queued for %s, unless the job's "
+                         "next plan comes first", run.run_id, job.job_id, run.scope, run.attempt + 1,
+                         retry_at.isoformat())
+                if self.next_due is None or retry_at < self.next_due:
+                    self.next_due = retry_at
             return
         end = end_of_run(job, outcome=outcome, plan_time=run.plan_time, finish=finish,
                          consecutive_failures=run.consecutive_failures,

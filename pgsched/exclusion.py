@@ -149,6 +149,12 @@ class Passed:
     why: str = ""
 
 
+def first_allowed(window: Cron, tz: ZoneInfo, t: datetime) -> datetime | None:
+    """`t` if it is out of the window, else the end of the window's stretch it falls in (None: the
+    window has no end there)."""
+    return t if not excluded(window, tz, t) else _exit(window, tz, t)
+
+
 def next_allowed(s: Schedule, window: Cron, *, plan_time: datetime, finish: datetime) -> Passed:
     """After the excluded plan `plan_time`, skipped at `finish`: the first plan outside the window.
 

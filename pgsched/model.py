@@ -116,7 +116,7 @@ class Run:
     consecutive_crashes: int  # before this run
     lease_token: int
     scope: str = ""  # '' for a plan run; a scope key for one scope of a scoped job's plan
-    attempt: int = 1  # 2 and up: a takeover of a stale run of the same plan
+    attempt: int = 1  # 2 and up: a takeover of a stale run of the same plan, or a scope's retry
     worker_pid: int | None = None
     backend_pid: int | None = None
     deadline: datetime | None = None

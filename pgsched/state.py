@@ -147,6 +147,32 @@ def end_of_run(
     return _delayed(end, delay)
 
 
+# The ends of a scope run that are tried again (README "Sharded jobs"): as a plan run's, a
+# failure, a timeout or a crash; not a cancel, and not a run whose owner cannot run anything.
+_SCOPE_RETRIED = frozenset({Outcome.FAILURE, Outcome.TIMEOUT, Outcome.CRASH})
+
+
+def scope_retry_at(job: Job, *, outcome: Outcome, attempt: int, finish: datetime,
+                   rng: random.Random) -> datetime | None:
+    """When a scope run that ended with `outcome` at `finish` is run again; None: it is not.
+
+    A scope's retries are its own: they back off on the scope run's `attempt` (1 for the plan's
+    first run of it, one more per retry or takeover) as a plan run backs off on its job's
+    consecutive failures, `max_retries` bounds them (the job is never disabled for one scope),
+    and a retry in the job's exclusion window waits for its end. The close drops a retry that
+    would come at or after the job's next plan, which runs the scope again anyway.
+    """
+    if outcome not in _SCOPE_RETRIED or job.schedule.by_database or 0 <= job.max_retries < attempt:
+        return None
+    try:
+        at = finish + schedule.backoff_delay(job.schedule, failures=attempt, retry_period=job.retry_period, rng=rng)
+    except (ValueError, OverflowError):
+        return None
+    if job.exclude is not None:
+        return exclusion.first_allowed(job.exclude, job.schedule.tz, at)
+    return at
+
+
 def _past_window(job: Job, *, plan_time: datetime, finish: datetime) -> RunEnd:
     """After a plan its job's exclusion window skipped: the next plan outside the window."""
     assert job.exclude is not None

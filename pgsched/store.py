@@ -136,6 +136,8 @@ class Finish:
     schedule_delay: float | None = None
     # A scoped job's plan run: the scope keys to queue a run for.
     scopes: list[str] | None = None
+    # A scope run that failed: when its retry is queued for (state.scope_retry_at; None: none).
+    retry_at: datetime | None = None
     # The lease the closing scheduler holds (None: not a scheduler's own run, e.g. one found
     # abandoned): the close is refused if the run's lease is no longer this one.
     lease_token: int | None = None
@@ -519,6 +521,7 @@ class Store:
             "skipped": f.skipped[0], "skipped_first": _iso(f.skipped[1]), "skipped_last": _iso(f.skipped[2]),
             "worker_pid": f.worker_pid, "backend_pid": f.backend_pid, "lease_token": f.lease_token,
             "scopes": f.scopes, "schedule_delay_s": f.schedule_delay, "excluded": f.excluded,
+            "retry_at": _iso(f.retry_at),
         } for f in finishes]
         return self._execute("SELECT * FROM pgsched._close_runs(%s)", (Jsonb(payload),))
 

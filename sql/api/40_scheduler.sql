@@ -34,6 +34,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_instance_stop',
     '_missing_runs',
     '_next_due',
+    '_next_scope_retry',
     '_plan',
     '_record_skipped',
     '_register_instance',
@@ -114,6 +115,16 @@ SELECT j.job_id, j.job_name, j.kind,
          AND p.proargtypes = '23 3802'::pg_catalog.oidvector
   ) pr ON true
 $ddl$);
+
+-- When the first scope retry queued for later comes due (_close_batch queues a retry for its
+-- time): a wake-up like a job's next start. On job_run_queued_idx, its first row past `now`; a
+-- retry of a paused job, or of a scope still running, wakes a scheduler that then finds nothing.
+-- A SQL-standard body, inlined where it is called.
+CREATE OR REPLACE FUNCTION pgsched._next_scope_retry(now timestamptz)
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT min(q.plan_time) FROM pgsched.job_run_live q WHERE q.outcome = 'queued' AND q.plan_time > now;
+END;
 
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first, a job's priority counted as that many seconds more overdue: migration
@@ -200,7 +211,8 @@ BEGIN
                  -- statement, not a statement of its own: a tenth of the claim's time).
                  LIMIT cardinality(worker_pids)
                        - (SELECT count(*) FROM (SELECT 1 FROM pgsched._claimable_scope_runs c
-                                                 WHERE c.kind <> 'python' OR c.code_module = ANY (code_modules)
+                                                 WHERE (c.kind <> 'python' OR c.code_module = ANY (code_modules))
+                                                   AND c.plan_time <= _claim_v2.now
                                                  LIMIT cardinality(worker_pids) / 2) x)
                    FOR UPDATE OF s SKIP LOCKED) s
     ), due AS (
@@ -231,6 +243,8 @@ BEGIN
                          -- every queued run was tested, where this walks the queue in order and stops at
                          -- the batch (4.5 ms a claim with 350 runs queued, bench/scheduler.py --dependencies).
                          WHERE q.outcome = 'queued' AND qj.scheduled
+                           -- a scope's retry is queued for its time (_close_batch)
+                           AND q.plan_time <= _claim_v2.now
                            AND (qj.kind <> 'python' OR qj.code_module = ANY (code_modules))
                            AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                                             WHERE o.job_id = q.job_id AND o.outcome = 'running' AND o.scope = q.scope)
@@ -321,10 +335,12 @@ BEGIN
                  (SELECT _claim_v2.now FROM pgsched._claimable_scope_runs c2
                     JOIN pgsched.job_stat s3 ON s3.job_id = c2.job_id
                    WHERE (c2.kind <> 'python' OR c2.code_module = ANY (code_modules))
+                     AND c2.plan_time <= _claim_v2.now
                      AND NOT EXISTS (SELECT 1 FROM queued q2 WHERE q2.run_id = c2.run_id)
                      AND (s3.concurrency_key IS NULL
                           OR s3.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
-                   LIMIT 1)),
+                   LIMIT 1),
+                 pgsched._next_scope_retry(_claim_v2.now)),
            clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
            v.concurrency_key, v.depends_on,
            v.history, v.success_retention_s, v.failure_retention_s
@@ -417,10 +433,12 @@ BEGIN
                  (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
                     JOIN pgsched.job_stat s ON s.job_id = c.job_id
                    WHERE (c.kind <> 'python' OR c.code_module = ANY (code_modules))
+                     AND c.plan_time <= _next_due.now
                      AND (s.concurrency_key IS NULL
                           OR s.concurrency_key NOT IN (SELECT k.concurrency_key FROM pgsched._key_room k
                                                         WHERE k.free <= 0))
-                   LIMIT 1)),
+                   LIMIT 1),
+                 pgsched._next_scope_retry(_next_due.now)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
                       AND j.schedule NOT IN ('@restart', '@after')),
@@ -824,12 +842,13 @@ BEGIN
     IF closed = '{}' THEN
         RETURN;
     END IF;
-    IF jsonb_path_exists(ends, '$[*] ? (@.scopes.type() == "array" || @.skipped > 0)') THEN
-        FOR e IN SELECT x.run_id, x.scopes, x.skipped, x.skipped_first, x.skipped_last, x.finished_at, r.job_id,
-                        r.scope
+    IF jsonb_path_exists(ends, '$[*] ? (@.scopes.type() == "array" || @.skipped > 0 || @.retry_at.type() == "string")')
+    THEN
+        FOR e IN SELECT x.run_id, x.scopes, x.skipped, x.skipped_first, x.skipped_last, x.finished_at, x.retry_at,
+                        r.job_id, r.scope
                    FROM jsonb_to_recordset(ends) AS x(run_id bigint, scopes jsonb, skipped integer,
                                                       skipped_first timestamptz, skipped_last timestamptz,
-                                                      finished_at timestamptz)
+                                                      finished_at timestamptz, retry_at timestamptz)
                    JOIN pgsched.job_run r ON r.run_id = x.run_id
                   WHERE x.run_id = ANY (closed) LOOP
             IF jsonb_typeof(e.scopes) = 'array' THEN
@@ -853,6 +872,24 @@ BEGIN
             IF e.scope = '' AND coalesce(e.skipped, 0) > 0 THEN
                 PERFORM pgsched._record_skipped(e.run_id, e.skipped, e.skipped_first, e.skipped_last, e.finished_at);
             END IF;
+            IF e.scope <> '' AND e.retry_at IS NOT NULL THEN
+                -- A scope run that failed, timed out or crashed is queued again for retry_at (its
+                -- scheduler's backoff, pgsched.state.scope_retry_at), a run of its own: the next attempt,
+                -- due at retry_at, which is its plan time. Not when the job's next plan comes first
+                -- (it runs the scope anyway), nor for a job paused or disabled by this close, nor when
+                -- a later plan queued the scope meanwhile; the queue keeps one run per scope.
+                INSERT INTO pgsched.job_run_live (job_id, scope, plan_time, attempt, trigger, outcome)
+                SELECT r.job_id, r.scope, e.retry_at, r.attempt + 1, 'retry', 'queued'
+                  FROM pgsched.job_run r
+                  JOIN pgsched.job j ON j.job_id = r.job_id
+                  JOIN pgsched.job_stat st ON st.job_id = r.job_id
+                 WHERE r.run_id = e.run_id AND r.outcome IN ('failure', 'timeout', 'crash') AND j.scheduled
+                   AND st.state <> 'disabled'
+                   AND NOT (st.next_start IS NOT NULL AND st.next_start <= e.retry_at)
+                   AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
+                                    WHERE o.job_id = r.job_id AND o.scope = r.scope AND o.outcome = 'queued')
+                ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING;
+            END IF;
         END LOOP;
     END IF;
     -- One job at a time: with the array in the test (job_id = ANY), the session planned it again at
@@ -860,7 +897,8 @@ BEGIN
     -- than one for the array at hand. (A batch's scope runs are nearly always of one job.)
     IF NOT wake THEN
         FOREACH scope_job IN ARRAY scope_jobs LOOP
-            wake := EXISTS (SELECT 1 FROM pgsched.job_run_live q WHERE q.job_id = scope_job AND q.outcome = 'queued');
+            wake := EXISTS (SELECT 1 FROM pgsched.job_run_live q
+                             WHERE q.job_id = scope_job AND q.outcome = 'queued' AND q.plan_time <= now());
             EXIT WHEN wake;
         END LOOP;
     END IF;

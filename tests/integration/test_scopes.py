@@ -195,3 +195,136 @@ def test_queued_scope_runs_get_half_the_workers_while_due_jobs_are_many(api: Con
     assert sorted((r["job_id"], r["scope"]) for r in got) == sorted(
         [(busy[2], ""), (busy[3], ""), (busy[4], ""), (sharded, "c")])
     assert rows(api, "SELECT count(*) AS n FROM pgsched.job_run WHERE outcome = 'queued'") == [{"n": 0}]
+
+
+def test_a_failed_scope_run_is_queued_again_for_its_retry_time_and_no_sooner(api: Conn) -> None:
+    """The close queues a scope's retry (pgsched._close_batch) for the time the scheduler gives
+    (state.scope_retry_at): the next attempt, a run of its own due then, claimed no sooner, and a
+    wake-up for the schedulers meanwhile. Explicit time, no scheduler."""
+    import json
+
+    from tests.integration.helpers import rows, scalar
+    from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+    def close(run: dict[str, Any], outcome: str, retry_at: Any) -> None:
+        end = {"run_id": run["run_id"], "outcome": outcome, "sqlstate": None if outcome == "success" else "P0001",
+               "message": "boom", "next_start": None, "finished_at": (run["started_at"] + S).isoformat(),
+               "lease_token": run["lease_token"], "scopes": None,
+               "retry_at": None if retry_at is None else retry_at.isoformat()}
+        assert len(rows(api, "SELECT * FROM pgsched._close_runs(%s)", (json.dumps([end]),))) == 1
+
+    def queued() -> list[dict[str, Any]]:
+        return rows(api, "SELECT scope, plan_time, attempt, trigger FROM pgsched.job_run "
+                         "WHERE job_id = %s AND outcome = 'queued' ORDER BY scope", (sharded,))
+
+    sharded = add_job(api, T + 3600 * S, scope_query="SELECT 1")
+    for key in ("a", "b"):
+        api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                    "VALUES (%s, %s, %s, 'schedule', 'queued')", (sharded, key, T))
+    me = register(api, T - S)
+    a, b = sorted(claim(api, me, T + S, workers=2), key=lambda r: r["scope"])
+    close(a, "failure", T + 10 * S)
+    assert queued() == [{"scope": "a", "plan_time": T + 10 * S, "attempt": 2, "trigger": "retry"}]
+    # Not claimable before its time; the schedulers wake for it.
+    assert claim(api, me, T + 5 * S, workers=2) == []
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 5 * S,)) == T + 10 * S
+    [again] = claim(api, me, T + 10 * S, workers=2)
+    assert (again["scope"], again["attempt"], again["plan_time"]) == ("a", 2, T + 10 * S)
+    # A retry at or after the job's next plan is not queued: the plan runs the scope anyway.
+    close(again, "failure", T + 3600 * S)
+    assert queued() == []
+    # A success asks for none (whatever it is sent), nor does a run of a paused job.
+    close(b, "success", T + 20 * S)
+    assert queued() == []
+    api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                "VALUES (%s, 'c', %s, 'schedule', 'queued'), (%s, 'd', %s, 'schedule', 'queued')",
+                (sharded, T, sharded, T))
+    c, d = sorted(claim(api, me, T + 30 * S, workers=2), key=lambda r: r["scope"])
+    # A scope a later plan queued meanwhile is not queued twice.
+    api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                "VALUES (%s, 'c', %s, 'schedule', 'queued')", (sharded, T + 31 * S))
+    close(c, "timeout", T + 40 * S)
+    assert queued() == [{"scope": "c", "plan_time": T + 31 * S, "attempt": 1, "trigger": "schedule"}]
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (sharded,))
+    close(d, "crash", T + 40 * S)
+    assert queued() == [{"scope": "c", "plan_time": T + 31 * S, "attempt": 1, "trigger": "schedule"}]
+    st = rows(api, "SELECT total_runs, total_failures, total_crashes, total_successes FROM pgsched.job_stat "
+                   "WHERE job_id = %s", (sharded,))
+    assert st == [{"total_runs": 5, "total_failures": 3, "total_crashes": 1, "total_successes": 1}]
+
+
+def test_a_failed_scope_is_retried_on_its_own_with_backoff_up_to_max_retries(db: str, shards: Conn) -> None:
+    """One scope fails once and then succeeds, another always fails: each is retried on its own,
+    backing off on its attempt, the second max_retries (2) times, and the job stays scheduled."""
+    shards.execute("CREATE SEQUENCE eu_tries")
+    shards.execute("""CREATE PROCEDURE public.flaky_shard(job_id int, config jsonb) LANGUAGE plpgsql AS $$
+                      BEGIN
+                          IF config->>'scope' = 'us' OR (config->>'scope' = 'eu' AND nextval('eu_tries') = 1) THEN
+                              RAISE EXCEPTION 'shard % is down', config->>'scope';
+                          END IF;
+                          INSERT INTO effects VALUES (job_id, config->>'scope',
+                                  (SELECT h.attempt::text FROM pgsched.job_history h
+                                    WHERE h.run_id = current_setting('pgsched.run_id')::bigint),
+                                                      current_setting('pgsched.plan_time')::timestamptz);
+                      END $$""")
+    job = int(one(shards, "SELECT add_job('flaky_shard', '1 hour', max_retries => 2, retry_period => '1 second', "
+                          "scope_query => 'SELECT k FROM shards')"))
+
+    def us_runs() -> list[tuple[Any, ...]]:
+        return shards.execute("SELECT attempt, trigger, outcome, started_at, finished_at FROM pgsched.job_run "
+                              "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,)).fetchall()
+
+    serve(db, lambda: len([r for r in us_runs() if r[2] == "failure"]) >= 3, timeout=30)
+    serve(db, lambda: False, timeout=5)  # long enough for a fourth attempt (about 4 s after the third)
+    us = us_runs()
+    assert [(a, t, o) for a, t, o, *_ in us] == [(1, "schedule", "failure"), (2, "retry", "failure"),
+                                                (3, "retry", "failure")], us
+    # Backed off on the attempt: about 1 s, then about 2 s (±10 %), after the previous end.
+    gaps = [(us[n + 1][3] - us[n][4]).total_seconds() for n in range(2)]
+    assert 0.85 <= gaps[0] <= 1.6 and 1.75 <= gaps[1] <= 2.7, gaps
+    eu = shards.execute("SELECT attempt, trigger, outcome FROM pgsched.job_run "
+                        "WHERE job_id = %s AND scope = 'eu' ORDER BY run_id", (job,)).fetchall()
+    assert eu == [(1, "schedule", "failure"), (2, "retry", "success")]
+    # Each scope's work done once, the retry knowing it is one.
+    assert sorted(shards.execute("SELECT scope, setting FROM effects").fetchall()) == [("ap", "1"), ("eu", "2")]
+    st = shards.execute("SELECT state, total_runs, total_successes, total_failures, total_crashes, "
+                        "consecutive_failures FROM pgsched.job_stats WHERE job_id = %s", (job,)).fetchone()
+    # The plan run, ap, eu twice and us three times; the scopes' failures leave the job scheduled.
+    assert st == ("scheduled", 7, 3, 4, 0, 0), st
+
+
+def test_a_scope_run_whose_worker_is_killed_is_retried_and_counted_once_as_a_crash(db: str, shards: Conn) -> None:
+    import signal
+
+    shards.execute("""CREATE PROCEDURE public.stuck_shard(job_id int, config jsonb) LANGUAGE plpgsql AS $$
+                      DECLARE attempt int := (SELECT h.attempt FROM pgsched.job_history h
+                                               WHERE h.run_id = current_setting('pgsched.run_id')::bigint);
+                      BEGIN
+                          IF config->>'scope' = 'us' AND attempt = 1 THEN
+                              PERFORM pg_sleep(60);
+                          END IF;
+                          INSERT INTO effects VALUES (job_id, config->>'scope', attempt::text, now());
+                      END $$""")
+    job = int(one(shards, "SELECT add_job('stuck_shard', '1 hour', retry_period => '1 second', "
+                          "scope_query => 'SELECT k FROM shards')"))
+    killed: list[int] = []
+
+    def kill_then_wait() -> bool:
+        if not killed:
+            row = shards.execute("SELECT worker_pid FROM pgsched.job_run WHERE job_id = %s AND scope = 'us' "
+                                 "AND outcome = 'running' AND worker_pid IS NOT NULL", (job,)).fetchone()
+            if row is not None:
+                os.kill(row[0], signal.SIGKILL)
+                killed.append(row[0])
+        return int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'us'")) >= 1
+
+    serve(db, kill_then_wait, timeout=30)
+    assert killed
+    us = shards.execute("SELECT attempt, trigger, outcome FROM pgsched.job_run "
+                        "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,)).fetchall()
+    assert us == [(1, "schedule", "crash"), (2, "retry", "success")], us
+    assert sorted(shards.execute("SELECT scope, setting FROM effects").fetchall()) == [
+        ("ap", "1"), ("eu", "1"), ("us", "2")]
+    st = shards.execute("SELECT state, total_runs, total_successes, total_crashes FROM pgsched.job_stats "
+                        "WHERE job_id = %s", (job,)).fetchone()
+    assert st == ("scheduled", 5, 4, 1), st

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from pgsched import exclusion
 from pgsched.model import Job
 from pgsched.schedule import Interval, Schedule, parse_cron, zone
-from pgsched.state import ALLOWED, JobState, Outcome, end_of_run, log_change
+from pgsched.state import ALLOWED, JobState, Outcome, end_of_run, log_change, scope_retry_at
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -186,3 +188,49 @@ def test_a_restart_schedule_has_neither_interval_nor_cron() -> None:
         Schedule(interval=Interval(0, 0, 1), cron=None, by_database=True)
     with pytest.raises(ValueError, match="exactly one"):
         Schedule(interval=None, cron=None)
+
+
+@pytest.mark.parametrize(("outcome", "retried"), [
+    (Outcome.FAILURE, True), (Outcome.TIMEOUT, True), (Outcome.CRASH, True),
+    (Outcome.SUCCESS, False), (Outcome.CANCELLED, False), (Outcome.SKIPPED, False),
+])
+def test_a_scope_run_is_retried_after_a_failure_timeout_or_crash_only(outcome: Outcome, retried: bool) -> None:
+    at = scope_retry_at(job(DRIFT_HOUR), outcome=outcome, attempt=1, finish=T0, rng=random.Random(0))
+    assert (at is not None) is retried
+
+
+def test_a_scope_retry_backs_off_on_its_attempt_within_jitter_and_the_cap() -> None:
+    retry = timedelta(minutes=1)
+    for attempt in range(1, 10):
+        at = scope_retry_at(job(DRIFT_HOUR, retry=retry), outcome=Outcome.FAILURE, attempt=attempt, finish=T0,
+                            rng=random.Random(attempt))
+        assert at is not None
+        base = min(retry * 2 ** (attempt - 1), timedelta(hours=5))
+        assert base * 0.9 <= at - T0 <= min(base * 1.1, timedelta(hours=5)), (attempt, at - T0)
+
+
+@pytest.mark.parametrize(("max_retries", "attempt", "retried"), [
+    (-1, 1000, True), (0, 1, False), (2, 1, True), (2, 2, True), (2, 3, False),
+])
+def test_max_retries_bounds_a_scope_s_attempts(max_retries: int, attempt: int, retried: bool) -> None:
+    at = scope_retry_at(job(DRIFT_HOUR, max_retries=max_retries), outcome=Outcome.FAILURE, attempt=attempt,
+                        finish=T0, rng=random.Random(0))
+    assert (at is not None) is retried
+
+
+def test_a_scope_retry_in_the_exclusion_window_waits_for_its_end() -> None:
+    j = replace(job(DRIFT_HOUR, retry=timedelta(minutes=1)), exclude=exclusion.parse("* 12 * * *"))
+    at = scope_retry_at(j, outcome=Outcome.FAILURE, attempt=1, finish=T0, rng=random.Random(0))
+    assert at == T0 + timedelta(hours=1)  # 13:00 UTC, the window's first minute out
+    outside = replace(j, exclude=exclusion.parse("* 3 * * *"))
+    at = scope_retry_at(outside, outcome=Outcome.FAILURE, attempt=1, finish=T0, rng=random.Random(0))
+    assert at is not None and timedelta(seconds=54) <= at - T0 <= timedelta(seconds=66)
+
+
+@pytest.mark.parametrize("text", ["@restart", "@after"])
+def test_a_scope_of_a_job_the_database_plans_is_not_retried(text: str) -> None:
+    """As its plan runs (test_a_job_the_database_plans_keeps_its_plan_whatever_the_outcome)."""
+    from pgsched.store import schedule_from_row
+
+    s = schedule_from_row({"schedule": text, "timezone": None, "months": None})
+    assert scope_retry_at(job(s), outcome=Outcome.FAILURE, attempt=1, finish=T0, rng=random.Random(0)) is None
