@@ -41,6 +41,12 @@ def closes_wait(ended: int, since: float, now: float, max_workers: int) -> bool:
     return ended < 2 * max_workers and now < since + CLOSE_WAIT_S
 
 
+def held_wakeups(pending: Sequence[Finish]) -> list[datetime]:
+    """When the runs of closes not yet written make something due: their jobs' next starts and the
+    scope retries they ask for. A claim made meanwhile cannot know them (its next_due leaves them out)."""
+    return [t for f in pending for t in (f.next_start, f.retry_at) if t is not None]
+
+
 SessionKey = tuple[str | None, str | None]  # (role, database) of a worker's session
 
 
@@ -150,8 +156,8 @@ class Dispatch(LoopState):
             crashpoint("after_mark_end")
         crashpoint("after_mark_start")
         # The jobs of held-back closes are still running in the database: the claim's next_due
-        # leaves out their next starts, which only their runs' ends know.
-        nexts = [f.next_start for f in self.pending if f.next_start is not None] if held else []
+        # leaves out their next starts and scope retries, which only their runs' ends know.
+        nexts = held_wakeups(self.pending) if held else []
         if claimed:
             self.next_due = min([t for t in (next_due, *nexts) if t is not None], default=None)
         elif held and nexts:
@@ -395,8 +401,10 @@ class Dispatch(LoopState):
                 worker.retiring = True
             worker.run = None
             success = outcome is Outcome.SUCCESS
+            # A run its worker reported done, but recorded as forced (its timeout or cancel came
+            # as it ended), committed its work: a scope's retry would do it again.
             self._end_run(run, outcome, sqlstate, msg, ev.rows_affected, ev.result if success else None,
-                          scopes=ev.scopes if success else None)
+                          scopes=ev.scopes if success else None, retry=not ev.ok)
             if worker.retiring:
                 worker.close_stdin()
         elif isinstance(ev, protocol.Lost):
@@ -461,7 +469,7 @@ class Dispatch(LoopState):
     # -- ends of runs -------------------------------------------------------------------
     def _end_run(self, run: Run, outcome: Outcome, sqlstate: str | None, message: str | None,
                  rows_affected: int | None = None, result: object = None, disable_reason: str | None = None,
-                 scopes: list[str] | None = None) -> None:
+                 scopes: list[str] | None = None, retry: bool = True) -> None:
         self.runs.pop(run.run_id, None)
         self.runs_ended += 1
         finish = self.clock.now()
@@ -480,7 +488,7 @@ class Dispatch(LoopState):
                                        run.run_id, run.scope, outcome, duration,
                                        f" error={message!r}" if message else "",
                                        extra=self._run_fields(run, outcome, duration, sqlstate))
-            retry_at = None if disable_reason is not None else scope_retry_at(
+            retry_at = None if disable_reason is not None or not retry else scope_retry_at(
                 job, outcome=outcome, attempt=run.attempt, finish=finish, rng=self.rng)
             self.pending.append(Finish(
                 run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
@@ -488,8 +496,8 @@ class Dispatch(LoopState):
                 worker_pid=run.worker_pid if run.pids_changed else None,
                 backend_pid=run.backend_pid if run.pids_changed else None, retry_at=retry_at))
             if retry_at is not None:
-                log.info("run %s of job %s, scope %r: its retry (attempt %d) is queued for %s, unless the job's "
-                         "next plan comes first", run.run_id, job.job_id, run.scope, run.attempt + 1,
+                log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the "
+                         "job's next plan comes first)", run.run_id, job.job_id, run.scope, run.attempt + 1,
                          retry_at.isoformat())
                 if self.next_due is None or retry_at < self.next_due:
                     self.next_due = retry_at

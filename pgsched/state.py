@@ -160,17 +160,16 @@ def scope_retry_at(job: Job, *, outcome: Outcome, attempt: int, finish: datetime
     first run of it, one more per retry or takeover) as a plan run backs off on its job's
     consecutive failures, `max_retries` bounds them (the job is never disabled for one scope),
     and a retry in the job's exclusion window waits for its end. The close drops a retry that
-    would come at or after the job's next plan, which runs the scope again anyway.
+    would come at or after the job's next plan, which runs the scope again anyway. A takeover of a
+    stale scope run (allow_stale_reentry) is an attempt too, and counts.
     """
     if outcome not in _SCOPE_RETRIED or job.schedule.by_database or 0 <= job.max_retries < attempt:
         return None
     try:
         at = finish + schedule.backoff_delay(job.schedule, failures=attempt, retry_period=job.retry_period, rng=rng)
-    except (ValueError, OverflowError):
+        return at if job.exclude is None else exclusion.first_allowed(job.exclude, job.schedule.tz, at)
+    except (ValueError, OverflowError):  # absurd settings written into the catalog by hand
         return None
-    if job.exclude is not None:
-        return exclusion.first_allowed(job.exclude, job.schedule.tz, at)
-    return at
 
 
 def _past_window(job: Job, *, plan_time: datetime, finish: datetime) -> RunEnd:

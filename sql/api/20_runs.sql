@@ -333,7 +333,8 @@ BEGIN
                            AND pgsched._due_at(w.job_id, w.next_start, w.jitter_us)
                                <= pg_catalog.timezone('UTC', pg_catalog.now()))
                 OR EXISTS (SELECT 1 FROM pgsched.job_run_live q JOIN pgsched.job_stat w ON w.job_id = q.job_id
-                            WHERE q.outcome = 'queued' AND w.concurrency_key = ANY (keys_freed))) THEN
+                            WHERE q.outcome = 'queued' AND q.plan_time <= pg_catalog.now()
+                              AND w.concurrency_key = ANY (keys_freed))) THEN
             PERFORM pg_catalog.pg_notify('pgsched_catalog', 'concurrency_key:free');
         END IF;
     END IF;

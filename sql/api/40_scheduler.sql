@@ -34,7 +34,6 @@ SELECT pgsched._drop_functions(ARRAY[
     '_instance_stop',
     '_missing_runs',
     '_next_due',
-    '_next_scope_retry',
     '_plan',
     '_record_skipped',
     '_register_instance',
@@ -116,15 +115,16 @@ SELECT j.job_id, j.job_name, j.kind,
   ) pr ON true
 $ddl$);
 
--- When the first scope retry queued for later comes due (_close_batch queues a retry for its
--- time): a wake-up like a job's next start. On job_run_queued_idx, its first row past `now`; a
--- retry of a paused job, or of a scope still running, wakes a scheduler that then finds nothing.
--- A SQL-standard body, inlined where it is called.
-CREATE OR REPLACE FUNCTION pgsched._next_scope_retry(now timestamptz)
-RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE
-BEGIN ATOMIC
-    SELECT min(q.plan_time) FROM pgsched.job_run_live q WHERE q.outcome = 'queued' AND q.plan_time > now;
-END;
+-- Scope retries queued for later (_close_batch queues one for its time), of scheduled jobs: the
+-- first one's plan_time is a wake-up like a job's next start (_claim_v2, _next_due), read in
+-- plan_time order on job_run_queued_idx from `now` on. (A retry of a scope still running, or of
+-- a job whose key is full, wakes a scheduler that then finds nothing; it is claimed later.)
+SELECT pgsched._replace_if_changed('pgsched._scope_retries', NULL, $ddl$
+CREATE OR REPLACE VIEW pgsched._scope_retries AS
+SELECT q.run_id, q.plan_time, j.kind, j.code_module
+  FROM pgsched.job_run_live q JOIN pgsched.job j ON j.job_id = q.job_id
+ WHERE q.outcome = 'queued' AND j.scheduled
+$ddl$);
 
 -- Claim up to cardinality(worker_pids) due runs and mark their start: first due jobs
 -- (most overdue first, a job's priority counted as that many seconds more overdue: migration
@@ -173,7 +173,9 @@ BEGIN
           -- keyed jobs first (few: job_stat_keyed_idx), then their queued runs: the queue may be long
           OR EXISTS (SELECT 1 FROM pgsched.job_stat s
                       WHERE s.concurrency_key IS NOT NULL
-                        AND EXISTS (SELECT 1 FROM pgsched.job_run_live q WHERE q.job_id = s.job_id AND q.outcome = 'queued'));
+                        AND EXISTS (SELECT 1 FROM pgsched.job_run_live q
+                                     WHERE q.job_id = s.job_id AND q.outcome = 'queued'
+                                       AND q.plan_time <= _claim_v2.now + ahead));
     IF keyed THEN
         PERFORM pg_catalog.pg_advisory_xact_lock(7401295312);
     END IF;
@@ -212,7 +214,7 @@ BEGIN
                  LIMIT cardinality(worker_pids)
                        - (SELECT count(*) FROM (SELECT 1 FROM pgsched._claimable_scope_runs c
                                                  WHERE (c.kind <> 'python' OR c.code_module = ANY (code_modules))
-                                                   AND c.plan_time <= _claim_v2.now
+                                                   AND c.plan_time <= _claim_v2.now + ahead
                                                  LIMIT cardinality(worker_pids) / 2) x)
                    FOR UPDATE OF s SKIP LOCKED) s
     ), due AS (
@@ -255,11 +257,12 @@ BEGIN
                            -- qs too: the job's row is updated below, and a close on another
                            -- instance that holds it may be waiting for this claim's lock.
                            FOR UPDATE OF q, qs SKIP LOCKED) q
-                 -- A scope's retry queued for later (_close_batch) waits for its time. Tested here,
-                 -- past the walk: the queue is in plan_time order, so the walk meets runs due now
-                 -- first, and the test in it made the planner read and sort the whole queue (a
-                 -- claim of 16 from 8,000 queued runs took 166 ms instead of 2).
-                 WHERE q.plan_time <= _claim_v2.now) q
+                 -- A scope's retry queued for later (_close_batch) waits for its time (claimed
+                 -- `ahead`, as a due job is: its worker waits for started_at). Tested here, past the
+                 -- walk: the queue is in plan_time order, so the walk meets runs due now first, and
+                 -- the test in it made the planner read and sort the whole queue (a claim of 16
+                 -- from 8,000 queued runs took 166 ms instead of 2).
+                 WHERE q.plan_time <= _claim_v2.now + ahead) q
          WHERE q.concurrency_key IS NULL OR q.key_rank <= q.free
     ), runs AS (
         INSERT INTO pgsched.job_run_live AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
@@ -279,7 +282,7 @@ BEGIN
                   r.backend_pid
     ), scoped AS (
         UPDATE pgsched.job_run_live r
-           SET outcome = 'running', started_at = _claim_v2.now, worker_pid = worker_pids[q.n],
+           SET outcome = 'running', started_at = greatest(_claim_v2.now, r.plan_time), worker_pid = worker_pids[q.n],
                backend_pid = backend_pids[q.n], instance_id = _claim_v2.instance_id,
                lease_token = nextval('pgsched.lease_token_seq'), heartbeat_at = _claim_v2.now,
                concurrency_key = q.concurrency_key
@@ -343,7 +346,10 @@ BEGIN
                      AND (s3.concurrency_key IS NULL
                           OR s3.concurrency_key NOT IN (SELECT r.concurrency_key FROM room r WHERE r.free <= 0))
                    LIMIT 1),
-                 pgsched._next_scope_retry(_claim_v2.now)),
+                 (SELECT w.plan_time FROM pgsched._scope_retries w
+                   WHERE w.plan_time > _claim_v2.now AND (w.kind <> 'python' OR w.code_module = ANY (code_modules))
+                     AND NOT EXISTS (SELECT 1 FROM queued q3 WHERE q3.run_id = w.run_id)
+                   ORDER BY w.plan_time LIMIT 1)),
            clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
            v.concurrency_key, v.depends_on,
            v.history, v.success_retention_s, v.failure_retention_s
@@ -441,7 +447,10 @@ BEGIN
                           OR s.concurrency_key NOT IN (SELECT k.concurrency_key FROM pgsched._key_room k
                                                         WHERE k.free <= 0))
                    LIMIT 1),
-                 pgsched._next_scope_retry(_next_due.now)),
+                 -- Scope retries queued for later are due at their time.
+                 (SELECT w.plan_time FROM pgsched._scope_retries w
+                   WHERE w.plan_time > _next_due.now AND (w.kind <> 'python' OR w.code_module = ANY (code_modules))
+                   ORDER BY w.plan_time LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
                       AND j.schedule NOT IN ('@restart', '@after')),
@@ -848,7 +857,7 @@ BEGIN
     IF jsonb_path_exists(ends, '$[*] ? (@.scopes.type() == "array" || @.skipped > 0 || @.retry_at.type() == "string")')
     THEN
         FOR e IN SELECT x.run_id, x.scopes, x.skipped, x.skipped_first, x.skipped_last, x.finished_at, x.retry_at,
-                        r.job_id, r.scope
+                        r.job_id, r.scope, r.attempt, r.outcome
                    FROM jsonb_to_recordset(ends) AS x(run_id bigint, scopes jsonb, skipped integer,
                                                       skipped_first timestamptz, skipped_last timestamptz,
                                                       finished_at timestamptz, retry_at timestamptz)
@@ -875,22 +884,21 @@ BEGIN
             IF e.scope = '' AND coalesce(e.skipped, 0) > 0 THEN
                 PERFORM pgsched._record_skipped(e.run_id, e.skipped, e.skipped_first, e.skipped_last, e.finished_at);
             END IF;
-            IF e.scope <> '' AND e.retry_at IS NOT NULL THEN
+            IF e.scope <> '' AND e.retry_at IS NOT NULL AND e.outcome IN ('failure', 'timeout', 'crash') THEN
                 -- A scope run that failed, timed out or crashed is queued again for retry_at (its
                 -- scheduler's backoff, pgsched.state.scope_retry_at), a run of its own: the next attempt,
-                -- due at retry_at, which is its plan time. Not when the job's next plan comes first
-                -- (it runs the scope anyway), nor for a job paused or disabled by this close, nor when
-                -- a later plan queued the scope meanwhile; the queue keeps one run per scope.
+                -- due at retry_at, which is its plan time. Not unless it comes before the job's next
+                -- plan (which runs the scope anyway), nor for a job paused or disabled, nor when a
+                -- later plan queued the scope meanwhile; the queue keeps one run per scope.
                 INSERT INTO pgsched.job_run_live (job_id, scope, plan_time, attempt, trigger, outcome)
-                SELECT r.job_id, r.scope, e.retry_at, r.attempt + 1, 'retry', 'queued'
-                  FROM pgsched.job_run r
-                  JOIN pgsched.job j ON j.job_id = r.job_id
-                  JOIN pgsched.job_stat st ON st.job_id = r.job_id
-                 WHERE r.run_id = e.run_id AND r.outcome IN ('failure', 'timeout', 'crash') AND j.scheduled
-                   AND st.state <> 'disabled'
-                   AND NOT (st.next_start IS NOT NULL AND st.next_start <= e.retry_at)
+                SELECT e.job_id, e.scope, e.retry_at, e.attempt + 1, 'retry', 'queued'
+                  FROM pgsched.job j
+                  JOIN pgsched.job_stat st ON st.job_id = j.job_id
+                 WHERE j.job_id = e.job_id AND j.scheduled AND st.state <> 'disabled'
+                   AND NOT coalesce(pg_catalog.isfinite(st.next_start)
+                                    AND pgsched._delayed(st.next_start, -j.schedule_delay) <= e.retry_at, false)
                    AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
-                                    WHERE o.job_id = r.job_id AND o.scope = r.scope AND o.outcome = 'queued')
+                                    WHERE o.job_id = e.job_id AND o.scope = e.scope AND o.outcome = 'queued')
                 ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING;
             END IF;
         END LOOP;

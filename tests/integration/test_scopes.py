@@ -11,6 +11,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -318,7 +319,7 @@ def test_a_scope_run_whose_worker_is_killed_is_retried_and_counted_once_as_a_cra
                 killed.append(row[0])
         return int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'us'")) >= 1
 
-    serve(db, kill_then_wait, timeout=30)
+    serve(db, kill_then_wait, timeout=30, max_workers=1)  # one worker: the run row names it
     assert killed
     us = shards.execute("SELECT attempt, trigger, outcome FROM pgsched.job_run "
                         "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,)).fetchall()
@@ -328,3 +329,42 @@ def test_a_scope_run_whose_worker_is_killed_is_retried_and_counted_once_as_a_cra
     st = shards.execute("SELECT state, total_runs, total_successes, total_crashes FROM pgsched.job_stats "
                         "WHERE job_id = %s", (job,)).fetchone()
     assert st == ("scheduled", 5, 4, 1), st
+
+
+def test_a_scope_retry_is_claimed_ahead_and_is_a_wake_up_only_for_a_scheduled_job(api: Conn) -> None:
+    """Claimed `ahead` like a due job (its worker waits for started_at); the claim's next_due and
+    _next_due name it while it waits, not once it is claimed, nor while its job is paused. A retry
+    is queued only before the job's next plan time (next_start less the schedule_delay)."""
+    from tests.integration.helpers import rows, scalar
+    from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+    sharded = add_job(api, T + 3600 * S, scope_query="SELECT 1", schedule_delay=timedelta(seconds=600))
+    other = add_job(api, T + 1800 * S)
+    api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, attempt, trigger, outcome) "
+                "VALUES (%s, 'a', %s, 2, 'retry', 'queued')", (sharded, T + 10 * S))
+    me = register(api, T - S)
+
+    def next_due(at: Any) -> Any:
+        return scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (at,))
+
+    assert next_due(T) == T + 10 * S
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (sharded,))
+    assert next_due(T) == T + 1800 * S  # a paused job's retry wakes nobody
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (sharded,))
+    assert claim(api, me, T + 9 * S, workers=2, ahead=timedelta(milliseconds=500)) == []
+    [run] = claim(api, me, T + 9.6 * S, workers=2, ahead=S)
+    assert (run["scope"], run["attempt"], run["plan_time"], run["started_at"]) == ("a", 2, T + 10 * S, T + 10 * S)
+    assert run["next_due"] == T + 1800 * S  # not the retry it took
+    assert next_due(T + 9.7 * S) == T + 1800 * S
+    # The next plan's time is 12:50 (next_start 13:00 less 10 minutes): a retry due then or later is
+    # not queued, one due before it is.
+    import json
+    for retry_at, queued in ((T + 3000 * S, 0), (T + 2999 * S, 1)):
+        api.execute("DELETE FROM pgsched.job_run WHERE job_id = %s AND outcome = 'queued'", (sharded,))
+        end = {"run_id": run["run_id"], "outcome": "failure", "sqlstate": "P0001", "message": "x",
+               "finished_at": (T + 11 * S).isoformat(), "retry_at": retry_at.isoformat()}
+        with api.transaction(force_rollback=True):
+            rows(api, "SELECT * FROM pgsched._close_runs(%s)", (json.dumps([end]),))
+            assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = 'queued'",
+                          (sharded,)) == queued
+    assert other != sharded

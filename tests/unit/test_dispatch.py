@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgsched.dispatch import CLOSE_WAIT_S, SessionKey, closes_wait, pair_by_session
+from pgsched.dispatch import CLOSE_WAIT_S, SessionKey, closes_wait, held_wakeups, pair_by_session
+from pgsched.store import Finish
 
 
 def test_an_ended_run_waits_for_others_at_most_close_wait() -> None:
@@ -92,3 +94,14 @@ def test_pairing_keeps_the_most_sessions_possible(case: tuple[list[SessionKey],
 
     # As many runs find their session as in the best of every assignment (a brute force).
     assert held(pairs) == max(held(p) for p in itertools.permutations(range(len(workers))))
+
+
+def test_closes_held_back_keep_their_next_starts_and_scope_retries_as_wake_ups() -> None:
+    """A claim made while they wait does not know them: the scheduler keeps them itself."""
+    t = datetime(2030, 6, 1, 12, tzinfo=UTC)
+    plan = Finish(run_id=1, outcome="success", sqlstate=None, message=None, next_start=t + timedelta(minutes=1),
+                  finished_at=t)
+    scope = Finish(run_id=2, outcome="failure", sqlstate="P0001", message="x", next_start=None, finished_at=t,
+                   retry_at=t + timedelta(seconds=1))
+    done = Finish(run_id=3, outcome="success", sqlstate=None, message=None, next_start=None, finished_at=t)
+    assert held_wakeups([plan, scope, done]) == [t + timedelta(minutes=1), t + timedelta(seconds=1)]

@@ -201,7 +201,7 @@ def test_a_scope_run_is_retried_after_a_failure_timeout_or_crash_only(outcome: O
 
 def test_a_scope_retry_backs_off_on_its_attempt_within_jitter_and_the_cap() -> None:
     retry = timedelta(minutes=1)
-    for attempt in range(1, 10):
+    for attempt in range(1, 13):  # 2**11 minutes is past the cap of 5 h
         at = scope_retry_at(job(DRIFT_HOUR, retry=retry), outcome=Outcome.FAILURE, attempt=attempt, finish=T0,
                             rng=random.Random(attempt))
         assert at is not None
