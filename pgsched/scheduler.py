@@ -174,11 +174,9 @@ class Scheduler(Requests):
             self._plan_unplanned()
             next_due, _ = self.store.next_due()
         # Runs that ended but are not written yet still hold their job as 'starting' in the
-        # catalog: their next starts are known only here.
-        for f in self.pending:
-            if f.next_start is not None and (next_due is None or f.next_start < next_due):
-                next_due = f.next_start
-        self.next_due = next_due
+        # catalog: their next starts (and scope retries) are known only here.
+        held = dispatch.held_wakeups(self.pending)
+        self.next_due = min([t for t in (next_due, *held) if t is not None], default=None)
 
     def _catch_up(self) -> None:
         """Apply each overdue job's catch-up policy (pgsched/catchup.py): what runs, what is missed."""

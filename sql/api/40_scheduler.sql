@@ -250,9 +250,8 @@ BEGIN
                            AND (qj.kind <> 'python' OR qj.code_module = ANY (code_modules))
                            AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
                                             WHERE o.job_id = q.job_id AND o.outcome = 'running' AND o.scope = q.scope)
-                           AND NOT EXISTS (SELECT 1 FROM pgsched.job_run_live o
-                                            WHERE o.job_id = q.job_id AND o.scope = q.scope AND o.outcome = 'queued'
-                                              AND o.plan_time < q.plan_time)
+                           AND q.plan_time = (SELECT min(o.plan_time) FROM pgsched.job_run_live o
+                                               WHERE o.job_id = q.job_id AND o.scope = q.scope AND o.outcome = 'queued')
                            AND (qs.concurrency_key IS NULL OR f.free > 0)
                          ORDER BY q.plan_time, q.run_id
                          LIMIT greatest(cardinality(worker_pids) - (SELECT count(*) FROM due), 0)
@@ -867,7 +866,10 @@ BEGIN
                                                       skipped_first timestamptz, skipped_last timestamptz,
                                                       finished_at timestamptz, retry_at timestamptz)
                    JOIN pgsched.job_run r ON r.run_id = x.run_id
-                  WHERE x.run_id = ANY (closed) LOOP
+                  WHERE x.run_id = ANY (closed)
+                  -- A plan run's scopes first: a scope it queues is not then queued again as a retry of
+                  -- a scope run of the plan before, closed in the same batch.
+                  ORDER BY jsonb_typeof(x.scopes) = 'array' DESC NULLS LAST LOOP
             IF jsonb_typeof(e.scopes) = 'array' THEN
                 -- A plan run of a scoped job ends by queuing one run per scope key it found, except
                 -- for a scope whose run of an earlier plan is still queued: the queue never grows past

@@ -339,7 +339,7 @@ def test_a_scope_retry_is_claimed_ahead_and_is_a_wake_up_only_for_a_scheduled_jo
     from tests.integration.test_core_sql_time import S, T, add_job, claim, register
 
     sharded = add_job(api, T + 3600 * S, scope_query="SELECT 1", schedule_delay=timedelta(seconds=600))
-    other = add_job(api, T + 1800 * S)
+    add_job(api, T + 1800 * S)  # another job: the next due when the retry is not
     api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, attempt, trigger, outcome) "
                 "VALUES (%s, 'a', %s, 2, 'retry', 'queued')", (sharded, T + 10 * S))
     me = register(api, T - S)
@@ -367,4 +367,31 @@ def test_a_scope_retry_is_claimed_ahead_and_is_a_wake_up_only_for_a_scheduled_jo
             rows(api, "SELECT * FROM pgsched._close_runs(%s)", (json.dumps([end]),))
             assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = 'queued'",
                           (sharded,)) == queued
-    assert other != sharded
+
+
+def test_a_scope_the_next_plan_queues_in_the_same_close_is_not_also_retried(api: Conn) -> None:
+    """A batch that closes a scope run's failure and the next plan's run, which queues that scope:
+    the scope runs with the plan, not after the retry's backoff (the plans' scopes are queued first)."""
+    import json
+
+    from tests.integration.helpers import rows
+    from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+    sharded = add_job(api, T + 100 * S, scope_query="SELECT 1")
+    api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                "VALUES (%s, 'a', %s, 'schedule', 'queued')", (sharded, T))
+    me = register(api, T - S)
+    [scope_run] = claim(api, me, T + S, workers=2)
+    [plan_run] = claim(api, me, T + 100 * S, workers=2)
+    assert (scope_run["scope"], plan_run["scope"]) == ("a", "")
+    ends = [{"run_id": scope_run["run_id"], "outcome": "failure", "sqlstate": "P0001", "message": "x",
+             "finished_at": (T + 101 * S).isoformat(), "lease_token": scope_run["lease_token"],
+             "retry_at": (T + 110 * S).isoformat()},
+            {"run_id": plan_run["run_id"], "outcome": "success", "finished_at": (T + 101 * S).isoformat(),
+             "next_start": (T + 160 * S).isoformat(), "schedule_delay_s": 0.0,
+             "lease_token": plan_run["lease_token"], "scopes": ["a", "b"]}]
+    rows(api, "SELECT * FROM pgsched._close_runs(%s)", (json.dumps(ends),))
+    assert rows(api, "SELECT scope, plan_time, attempt, trigger FROM pgsched.job_run "
+                     "WHERE job_id = %s AND outcome = 'queued' ORDER BY scope", (sharded,)) == [
+        {"scope": "a", "plan_time": T + 100 * S, "attempt": 1, "trigger": "schedule"},
+        {"scope": "b", "plan_time": T + 100 * S, "attempt": 1, "trigger": "schedule"}]
