@@ -160,11 +160,6 @@ class Dispatch(LoopState):
         nexts = held_wakeups(self.pending) if held else []
         if claimed:
             self.next_due = min([t for t in (next_due, *nexts) if t is not None], default=None)
-        elif held and nexts:
-            # Closed below: then claimable at their next starts. What else is due is asked again
-            # (the claim saw nothing it could take, and a scope retry may be far off).
-            self.next_due = min(nexts)
-            self.dirty = True
         else:
             # What looked due was taken, moved or is locked by someone's open transaction:
             # ask when the next one is, but do not spin on a row we cannot have (unless it was

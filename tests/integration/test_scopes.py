@@ -369,14 +369,28 @@ def test_a_scope_retry_is_claimed_ahead_and_is_a_wake_up_only_for_a_scheduled_jo
                           (sharded,)) == queued
 
 
-def test_a_scope_the_next_plan_queues_in_the_same_close_is_not_also_retried(api: Conn) -> None:
+@pytest.mark.parametrize("run_by_run", [False, True])
+def test_a_scope_the_next_plan_queues_in_the_same_close_is_not_also_retried(api: Conn, run_by_run: bool) -> None:
     """A batch that closes a scope run's failure and the next plan's run, which queues that scope:
-    the scope runs with the plan, not after the retry's backoff (the plans' scopes are queued first)."""
+    the scope runs with the plan, not after the retry's backoff (the plans' scopes are queued first).
+    Also when the batch fails and _close_runs closes its runs one by one, in the batch's order: the
+    scope's close then finds the job's next start still at the open plan, before its retry."""
     import json
 
     from tests.integration.helpers import rows
     from tests.integration.test_core_sql_time import S, T, add_job, claim, register
 
+    if run_by_run:
+        # A close of more than one run fails: _close_runs falls back to closing them one at a time.
+        api.execute("""CREATE FUNCTION public.one_run_a_close() RETURNS trigger LANGUAGE plpgsql AS $$
+                       BEGIN
+                           IF (SELECT count(*) FROM closed_rows) > 1 THEN
+                               RAISE EXCEPTION 'one run a close';
+                           END IF;
+                           RETURN NULL;
+                       END $$""")
+        api.execute("CREATE TRIGGER one_run_a_close AFTER UPDATE ON pgsched.job_run "
+                    "REFERENCING NEW TABLE AS closed_rows FOR EACH STATEMENT EXECUTE FUNCTION public.one_run_a_close()")
     sharded = add_job(api, T + 100 * S, scope_query="SELECT 1")
     api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
                 "VALUES (%s, 'a', %s, 'schedule', 'queued')", (sharded, T))
