@@ -487,7 +487,8 @@ class Dispatch(LoopState):
                                        f" error={message!r}" if message else "",
                                        extra=self._run_fields(run, outcome, duration, sqlstate))
             retry_at = None if disable_reason is not None or not retry else scope_retry_at(
-                job, outcome=outcome, attempt=run.attempt, finish=finish, rng=self.rng)
+                job.schedule, max_retries=job.max_retries, retry_period=job.retry_period, exclude=job.exclude,
+                outcome=outcome, attempt=run.attempt, finish=finish, rng=self.rng)
             self.pending.append(Finish(
                 run_id=run.run_id, outcome=outcome, sqlstate=sqlstate, message=message, next_start=None,
                 finished_at=finish, lease_token=run.lease_token, rows_affected=rows_affected, result=result,

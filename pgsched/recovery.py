@@ -3,7 +3,8 @@
 Each heartbeat renews this instance's leases; a run whose lease another scheduler
 took (we were paused or cut off) is stopped without recording an end. Runs of
 others found abandoned (pgsched._abandoned_runs) are taken over when their job
-allows stale reentry and a worker is idle here, or closed as crashes.
+allows stale reentry and a worker is idle here, or closed as crashes (a scope run's
+crash then asks for its retry, as its own scheduler would have).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime, timedelta
 
 from pgsched import schedule
 from pgsched.dispatch import Dispatch
-from pgsched.state import REENTRANT_CAUSES, AbandonedCause, JobState, Outcome, RunEnd, after_crash
+from pgsched.state import REENTRANT_CAUSES, AbandonedCause, JobState, Outcome, RunEnd, after_crash, scope_retry_at
 from pgsched.store import Abandoned, Finish
 
 log = logging.getLogger("pgsched.scheduler")
@@ -129,9 +130,21 @@ class Recovery(Dispatch):
                     extra={"run_id": a.run_id, "job_id": a.job_id, "outcome": "crash", "abandoned": str(a.cause),
                            "instance_id": self.instance_id})
         if a.scope:
-            # One scope of a plan: its end does not move the job's schedule (its plan run's does).
+            # One scope of a plan: its end does not move the job's schedule (its plan run's does). It
+            # is retried on its own, as when its own scheduler closes it (Dispatch._end_run); found at
+            # a restart, no sooner than crash_wait (see below).
+            retry_at = None
+            if a.schedule is not None and a.attempt is not None:
+                retry_at = scope_retry_at(
+                    a.schedule, max_retries=a.max_retries, retry_period=a.retry_period, exclude=a.exclude,
+                    outcome=Outcome.CRASH, attempt=a.attempt, finish=now, rng=self.rng,
+                    not_before=now + timedelta(seconds=self.settings.crash_wait) if startup and a.after_restart
+                    else None)
+            if retry_at is not None and a.attempt is not None:
+                log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the job's "
+                         "next plan comes first)", a.run_id, a.job_id, a.scope, a.attempt + 1, retry_at.isoformat())
             return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=why, next_start=None,
-                          finished_at=now, lease_token=a.lease_token)
+                          finished_at=now, lease_token=a.lease_token, retry_at=retry_at)
         if a.schedule is None:
             end = RunEnd(Outcome.CRASH, None, JobState.DISABLED, a.problem or "invalid schedule")
         else:

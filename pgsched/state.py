@@ -152,8 +152,9 @@ def end_of_run(
 _SCOPE_RETRIED = frozenset({Outcome.FAILURE, Outcome.TIMEOUT, Outcome.CRASH})
 
 
-def scope_retry_at(job: Job, *, outcome: Outcome, attempt: int, finish: datetime,
-                   rng: random.Random) -> datetime | None:
+def scope_retry_at(s: schedule.Schedule, *, max_retries: int, retry_period: timedelta, exclude: schedule.Cron | None,
+                   outcome: Outcome, attempt: int, finish: datetime, rng: random.Random,
+                   not_before: datetime | None = None) -> datetime | None:
     """When a scope run that ended with `outcome` at `finish` is run again; None: it is not.
 
     A scope's retries are its own: they back off on the scope run's `attempt` (1 for the plan's
@@ -161,13 +162,17 @@ def scope_retry_at(job: Job, *, outcome: Outcome, attempt: int, finish: datetime
     consecutive failures, `max_retries` bounds them (the job is never disabled for one scope),
     and a retry in the job's exclusion window waits for its end. The close drops a retry that
     would come at or after the job's next plan, which runs the scope again anyway. A takeover of a
-    stale scope run (allow_stale_reentry) is an attempt too, and counts.
+    stale scope run (allow_stale_reentry) is an attempt too, and counts. The job's settings come
+    as they are: from the claim's job when its own scheduler closes the run, from the heartbeat's
+    read when another scheduler closes it as a crash (pgsched.recovery). `not_before`: no sooner
+    than this (a crash found at a restart waits crash_wait, as a plan run's does).
     """
-    if outcome not in _SCOPE_RETRIED or job.schedule.by_database or 0 <= job.max_retries < attempt:
+    if outcome not in _SCOPE_RETRIED or s.by_database or 0 <= max_retries < attempt:
         return None
     try:
-        at = finish + schedule.backoff_delay(job.schedule, failures=attempt, retry_period=job.retry_period, rng=rng)
-        return at if job.exclude is None else exclusion.first_allowed(job.exclude, job.schedule.tz, at)
+        at = finish + schedule.backoff_delay(s, failures=attempt, retry_period=retry_period, rng=rng)
+        at = at if not_before is None else max(at, not_before)
+        return at if exclude is None else exclusion.first_allowed(exclude, s.tz, at)
     except (ValueError, OverflowError):  # absurd settings written into the catalog by hand
         return None
 

@@ -30,6 +30,7 @@ from pgsched import exclusion, migrate, schedule
 from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
 from pgsched.config import pin_search_path
+from pgsched.cron import Cron
 from pgsched.model import Job, JobSettings, Run
 from pgsched.schedule import Interval, Schedule
 from pgsched.state import AbandonedCause
@@ -164,6 +165,11 @@ class Abandoned:
     after_restart: bool = False  # nobody saw its holder die: found by a scheduler that started after
     scope: str = ""  # a scope run's key: its end does not move the job's schedule
     code_module: str | None = None  # a Python job's module: only an instance that loaded it may take it over
+    # A scope run's retry (state.scope_retry_at): its attempt (None: not retried, a plan run or a
+    # job whose exclusion window cannot be read), its job's max_retries and exclusion window.
+    attempt: int | None = None
+    max_retries: int = -1
+    exclude: Cron | None = None
 
 
 @dataclass(frozen=True)
@@ -307,10 +313,12 @@ class Store:
         heartbeat, that work a dead or saturated peer would have done is due.
         """
         rows = self._execute(
-            """SELECT h.lost, h.db_now, n.next_due AS next_job_due, n.unplanned, a.*
+            """SELECT h.lost, h.db_now, n.next_due AS next_job_due, n.unplanned, a.*,
+                      x.attempt, x.max_retries, x.exclude
                  FROM pgsched._heartbeat(%s, %s, %s, %s) AS h
                  CROSS JOIN pgsched._next_due(%s) AS n
-                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s, %s) AS a ON true""",
+                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s, %s) AS a ON true
+                 LEFT JOIN LATERAL pgsched._abandoned_scope_run(a.run_id) AS x ON a.scope <> ''""",
             (instance_id, max_workers, [r for r, _ in held], [t for _, t in held], self.code_modules,
              instance_id, dead_after, grace, [r for r, _ in held]),
         ).fetchall()
@@ -703,6 +711,13 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         sched = schedule_from_row(row)
     except (schedule.ScheduleError, ValueError, OverflowError) as e:
         problem = f"invalid schedule in the catalog: {e}"
+    attempt: int | None = row["attempt"]
+    window = None
+    if row["exclude"]:
+        try:
+            window = _window(row["exclude"])
+        except (schedule.ScheduleError, ValueError):
+            attempt = None  # a window written into the catalog by hand that cannot be read: no retry
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"], lease_token=row["lease_token"],
         cause=AbandonedCause(row["cause"]), holder=row["holder"], orphan_app=row["orphan_app"],
@@ -711,4 +726,5 @@ def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
         retry_period=timedelta(seconds=row["retry_period_s"]),
         schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0), problem=problem,
         after_restart=bool(row["after_restart"]), scope=row["scope"] or "", code_module=row["code_module"],
+        attempt=attempt, max_retries=-1 if row["max_retries"] is None else row["max_retries"], exclude=window,
     )

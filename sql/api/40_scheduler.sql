@@ -19,6 +19,7 @@
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_abandoned_runs',
+    '_abandoned_scope_run',
     '_arm_restart_jobs',
     '_behind',
     '_behind_v2',
@@ -600,6 +601,20 @@ SET search_path = pg_catalog, pg_temp AS $$
       JOIN pgsched.job_stat s ON s.job_id = a.job_id
       JOIN pgsched._job_launch v ON v.job_id = a.job_id
      WHERE a.cause IS NOT NULL
+$$;
+
+-- What the retry of a scope run found abandoned is decided on (pgsched.state.scope_retry_at):
+-- the run's attempt and its job's max_retries and exclusion window; nothing for a plan run. Apart
+-- from _abandoned_runs, whose columns release 0.1.0's prepared statements fix while API 1 is
+-- served: the heartbeat joins it to each run that function returns (pgsched/store.py).
+CREATE OR REPLACE FUNCTION pgsched._abandoned_scope_run(run_id bigint)
+RETURNS TABLE (attempt integer, max_retries integer, exclude text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.attempt, j.max_retries, j.exclude
+      FROM pgsched.job_run_live r
+      JOIN pgsched.job j ON j.job_id = r.job_id
+     WHERE r.run_id = _abandoned_scope_run.run_id AND r.scope <> ''
 $$;
 
 -- A heartbeat: renew this instance's heartbeat and the leases of the runs it holds

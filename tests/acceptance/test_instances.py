@@ -598,3 +598,57 @@ def test_scope_runs_spread_over_instances_and_run_once_each(jobs_db: str, serve:
     assert max(keys.values()) == 1
     assert {h["outcome"] for h in hist if h["scope"]} <= {"success", "queued", "cancelled"}
     assert all(h["result"] == {"scopes": 6} for h in hist if not h["scope"] and h["outcome"] == "success")
+
+
+def test_a_scope_run_of_a_killed_instance_is_retried_by_the_survivor(jobs_db: str, serve: ServeFactory) -> None:
+    """kill -9 of the instance running one scope of a sharded job: the survivor closes the scope run
+    as a crash and queues its retry (attempt 2) after the job's backoff, not crash_wait (a failover,
+    not a restart), and runs it; the scope's work is done once, the crash counted once."""
+    dsn = jobs_db
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE tenants (id text)")
+        c.execute("INSERT INTO tenants VALUES ('us'), ('eu')")
+        c.execute("CREATE TABLE shard_effect (scope text, attempt int, instance bigint)")
+        # us's first attempt hangs until killed; every other run writes its effect at once.
+        c.execute("""CREATE PROCEDURE public.hang_us(job_id int, config jsonb) LANGUAGE plpgsql AS $$
+                     DECLARE r pgsched.job_run;
+                     BEGIN
+                         SELECT * INTO r FROM pgsched.job_run WHERE run_id = current_setting('pgsched.run_id')::bigint;
+                         IF r.scope = 'us' AND r.attempt = 1 THEN
+                             PERFORM pg_sleep(60);
+                         END IF;
+                         INSERT INTO shard_effect VALUES (r.scope, r.attempt, r.instance_id);
+                     END $$""")
+    a = serve(dsn, "--max-workers", "2", "--shutdown-timeout", "1")
+    b = serve(dsn, "--max-workers", "2", "--shutdown-timeout", "1")
+    # Both past their first heartbeat: a scheduler's first one takes what it finds for a restart's.
+    wait_for(lambda: all("ready:" in s.log() for s in (a, b)), 10, "both instances to be ready")
+    job = add_job(dsn, "'hang_us', '1 hour', retry_period => '1 second', scope_query => 'SELECT id FROM tenants'")
+    wait_for(lambda: query(dsn, "SELECT 1 FROM shard_effect WHERE scope = 'eu'") or None, 15, "eu's run")
+    def us_running() -> dict[str, Any] | None:
+        rows = query(dsn, "SELECT * FROM pgsched.job_run WHERE job_id = %s AND scope = 'us' "
+                          "AND outcome = 'running' AND worker_pid IS NOT NULL", (job,))
+        return rows[0] if rows else None
+
+    stuck = wait_for(us_running, 10, "us's run to start")
+    victim, survivor = holder_and_other(stuck, a, b)
+    victim.signal(signal.SIGKILL)
+    victim.wait_exit(5)
+
+    crashed = wait_outcome(dsn, stuck["run_id"], 8)
+    assert crashed["outcome"] == "crash" and "lost its database session" in crashed["message"], crashed
+    retried = wait_for(lambda: query(dsn, "SELECT * FROM shard_effect WHERE scope = 'us'") or None, 8,
+                       "us's retry to run")
+    assert retried == [{"scope": "us", "attempt": 2, "instance": survivor.instance_id}], retried
+    us = query(dsn, "SELECT attempt, trigger, outcome, plan_time, finished_at, instance_id FROM pgsched.job_run "
+                    "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,))
+    assert [(r["attempt"], r["trigger"], r["outcome"]) for r in us] == [(1, "schedule", "crash"),
+                                                                        (2, "retry", "success")], us
+    # The backoff on attempt 1 (retry_period, 1 s, ±10 %) from the crash's close: no crash_wait.
+    assert 0.85 <= (us[1]["plan_time"] - us[0]["finished_at"]).total_seconds() <= 1.15, us
+    assert us[1]["instance_id"] == survivor.instance_id
+    assert "scope 'us': retry (attempt 2) asked" in survivor.log()
+    assert query(dsn, "SELECT scope, count(*) AS n FROM shard_effect GROUP BY 1 ORDER BY 1") == [
+        {"scope": "eu", "n": 1}, {"scope": "us", "n": 1}]
+    st = stats(dsn, job)
+    assert (st["state"], st["total_runs"], st["total_successes"], st["total_crashes"]) == ("scheduled", 4, 3, 1), st

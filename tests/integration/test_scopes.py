@@ -409,3 +409,86 @@ def test_a_scope_the_next_plan_queues_in_the_same_close_is_not_also_retried(api:
                      "WHERE job_id = %s AND outcome = 'queued' ORDER BY scope", (sharded,)) == [
         {"scope": "a", "plan_time": T + 100 * S, "attempt": 1, "trigger": "schedule"},
         {"scope": "b", "plan_time": T + 100 * S, "attempt": 1, "trigger": "schedule"}]
+
+
+# `attempt_shard` writes its scope and attempt as the effect's setting.
+ATTEMPT_SHARD = """CREATE PROCEDURE public.attempt_shard(job_id int, config jsonb) LANGUAGE sql AS $$
+                   INSERT INTO effects SELECT job_id, config->>'scope', h.attempt::text, now()
+                     FROM pgsched.job_history h WHERE h.run_id = current_setting('pgsched.run_id')::bigint $$"""
+
+
+def _scope_run_held_by_a_stopped_scheduler(conn: Conn, job: int, scope: str) -> int:
+    """A run of `scope` started by a scheduler that then stopped without closing it (its row says
+    'stopped': the cause pgsched._abandoned_runs gives first): its run_id."""
+    conn.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                 "VALUES (%s, %s, now() - interval '1 second', 'schedule', 'queued')", (job, scope))
+    gone = int(one(conn, "SELECT instance_id FROM pgsched._register_instance('gone', 1, 'test', 1)"))
+    [run] = conn.execute("SELECT run_id FROM pgsched._claim_v2(%s, ARRAY[100], ARRAY[0], interval '0', '{}')",
+                         (gone,)).fetchall()
+    conn.execute("SELECT pgsched._instance_stop(%s)", (gone,))
+    return int(run[0])
+
+
+def test_a_scope_run_another_scheduler_closes_as_a_crash_is_retried(db: str, shards: Conn) -> None:
+    """The scheduler that finds a scope run abandoned (its own scheduler stopped or died) closes it
+    as a crash and asks for its retry as that scheduler would have: attempt 2, trigger retry. Found
+    at its start with nobody seen dying (a restart), the retry waits crash_wait, as a plan run does."""
+    shards.execute(ATTEMPT_SHARD)
+    job = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', retry_period => '1 second', "
+                          "scope_query => 'SELECT k FROM shards')"))
+    shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
+    crashed = _scope_run_held_by_a_stopped_scheduler(shards, job, "us")
+
+    def retried() -> bool:
+        return int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'us'")) >= 1
+
+    serve(db, retried, timeout=20, crash_wait=3.0)
+    us = shards.execute("SELECT run_id, attempt, trigger, outcome, plan_time, finished_at FROM pgsched.job_run "
+                        "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,)).fetchall()
+    assert [r[1:4] for r in us] == [(1, "schedule", "crash"), (2, "retry", "success")], us
+    assert us[0][0] == crashed
+    # A restart: crash_wait (3 s), not the backoff (1 s), from the crash's close to the retry's plan.
+    assert timedelta(seconds=2.99) <= us[1][4] - us[0][5] <= timedelta(seconds=3.5), us
+    assert shards.execute("SELECT scope, setting FROM effects").fetchall() == [("us", "2")]
+    st = shards.execute("SELECT state, total_runs, total_successes, total_crashes FROM pgsched.job_stats "
+                        "WHERE job_id = %s", (job,)).fetchone()
+    assert st == ("scheduled", 2, 1, 1), st
+
+
+@pytest.mark.parametrize("case", ["max_retries", "unreadable exclude", "plan run"])
+def test_an_abandoned_run_is_not_retried_past_max_retries_nor_without_its_facts(db: str, shards: Conn,
+                                                                                 case: str) -> None:
+    """What the heartbeat reads for an abandoned run's retry (pgsched._abandoned_scope_run): a scope
+    run's attempt, max_retries and window. No retry past max_retries, nor for a job whose exclusion
+    window was written by hand and cannot be read (the scheduler goes on), nor for a plan run."""
+    from pgsched.clock import DbClock
+    from pgsched.store import Store
+
+    shards.execute(ATTEMPT_SHARD)
+    job = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', retry_period => '1 second', "
+                          "max_retries => %s, scope_query => 'SELECT k FROM shards')",
+                  0 if case == "max_retries" else 3))
+    shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
+    if case == "unreadable exclude":
+        shards.execute("ALTER TABLE pgsched.job DISABLE TRIGGER USER")
+        shards.execute("UPDATE pgsched.job SET exclude = 'not a window' WHERE job_id = %s", (job,))
+        shards.execute("ALTER TABLE pgsched.job ENABLE TRIGGER USER")
+    crashed = _scope_run_held_by_a_stopped_scheduler(shards, job, "" if case == "plan run" else "us")
+    store = Store(db, DbClock())
+    try:
+        me = store.register_instance("me", 1, "test", 1)
+        [found] = store.heartbeat(me, 1, timedelta(seconds=10), timedelta(0), []).abandoned
+    finally:
+        store.close()
+    assert found.run_id == crashed
+    if case == "max_retries":
+        assert (found.attempt, found.max_retries, found.exclude) == (1, 0, None)
+    else:
+        assert found.attempt is None  # and so no retry (recovery.Recovery._abandoned_finish)
+    if case == "plan run":
+        return  # its crash moves the job's next start, as before (test_scheduler.py)
+    serve(db, lambda: False, timeout=3, crash_wait=0.0)
+    runs = shards.execute("SELECT attempt, trigger, outcome FROM pgsched.job_run WHERE job_id = %s "
+                          "ORDER BY run_id", (job,)).fetchall()
+    assert runs == [(1, "schedule", "crash")], runs
+    assert shards.execute("SELECT count(*) FROM effects").fetchone() == (0,)

@@ -6,13 +6,15 @@ import logging
 import random
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from pgsched import exclusion
 from pgsched.model import Job
 from pgsched.schedule import Interval, Schedule, parse_cron, zone
-from pgsched.state import ALLOWED, JobState, Outcome, end_of_run, log_change, scope_retry_at
+from pgsched.state import ALLOWED, JobState, Outcome, end_of_run, log_change
+from pgsched.state import scope_retry_at as retry_at_of
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -21,6 +23,11 @@ def job(schedule: Schedule, *, max_retries: int = -1, retry: timedelta = timedel
     return Job(job_id=1000, job_name="j", kind="proc", owner="alice", proc_schema="public", proc_name="p",
                is_procedure=True, command=None, code_module=None, code_function=None, config=None,
                schedule=schedule, max_runtime=None, max_retries=max_retries, retry_period=retry)
+
+
+def scope_retry_at(j: Job, **when: Any) -> datetime | None:
+    """state.scope_retry_at with the settings of `j`, as the scheduler's close passes them."""
+    return retry_at_of(j.schedule, max_retries=j.max_retries, retry_period=j.retry_period, exclude=j.exclude, **when)
 
 
 EVERY_HOUR = Schedule(interval=Interval(micros=3600 * 10**6), cron=None, fixed=True, origin=T0)
@@ -225,6 +232,22 @@ def test_a_scope_retry_in_the_exclusion_window_waits_for_its_end() -> None:
     outside = replace(j, exclude=exclusion.parse("* 3 * * *"))
     at = scope_retry_at(outside, outcome=Outcome.FAILURE, attempt=1, finish=T0, rng=random.Random(0))
     assert at is not None and timedelta(seconds=54) <= at - T0 <= timedelta(seconds=66)
+
+
+def test_a_scope_retry_comes_no_sooner_than_not_before_and_then_out_of_the_window() -> None:
+    """A scope run found crashed at a restart waits crash_wait (recovery passes not_before)."""
+    j = job(DRIFT_HOUR, retry=timedelta(seconds=1))
+    at = scope_retry_at(j, outcome=Outcome.CRASH, attempt=1, finish=T0, rng=random.Random(0),
+                        not_before=T0 + timedelta(seconds=30))
+    assert at == T0 + timedelta(seconds=30)
+    late = scope_retry_at(j, outcome=Outcome.CRASH, attempt=1, finish=T0, rng=random.Random(0),
+                          not_before=T0 - timedelta(seconds=30))
+    assert late is not None and timedelta(seconds=0.9) <= late - T0 <= timedelta(seconds=1.1)
+    # The wait ends in the window (13:00:10): the retry waits for its end.
+    windowed = replace(j, exclude=exclusion.parse("0 13 * * *"))
+    at = scope_retry_at(windowed, outcome=Outcome.CRASH, attempt=1, finish=T0, rng=random.Random(0),
+                        not_before=T0 + timedelta(minutes=60, seconds=10))
+    assert at == T0 + timedelta(hours=1, minutes=1)
 
 
 @pytest.mark.parametrize("text", ["@restart", "@after"])
