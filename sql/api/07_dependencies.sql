@@ -17,9 +17,10 @@
 
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
+    '_check_edges_made',
     '_check_upstreams',
     '_may_see',
-    '_dependency_deleted',
+    '_upstream_deleted',
     '_depends_form',
     '_resolve_upstreams',
     '_sync_dependencies',
@@ -191,6 +192,13 @@ BEGIN
      ORDER BY d.upstream_id FOR UPDATE;
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
+    -- Its upstreams locked first, in the order of their ids, as the edges' foreign key check would
+    -- lock them: a deletion of one still in progress is waited for, and one deleted meanwhile is
+    -- then skipped and gets no edge (the API refuses that with 40001, _check_edges_made), where the
+    -- check would have failed the write with a foreign key violation.
+    PERFORM 1 FROM pgsched.job j
+     WHERE j.job_id = ANY (CASE WHEN inserted THEN _sync_dependencies.depends_on ELSE added END)
+     ORDER BY j.job_id FOR KEY SHARE;
     -- A changed job gets edges for what was checked above only: an id it kept without an edge
     -- keeps none (an edge made for it now would skip the cycle check).
     INSERT INTO pgsched.job_dependency (job_id, upstream_id)
@@ -230,46 +238,75 @@ BEGIN
 END
 $$;
 
--- Upstreams deleted (the job table's statement trigger calls this with their ids): their
--- dependents are disabled with the reason, and lose them from depends_on.
-CREATE OR REPLACE FUNCTION pgsched._dependency_deleted()
+-- An upstream deleted (the job table's row trigger below calls this): the jobs with an edge to it
+-- are disabled with the reason and lose it from depends_on. The edges decide, not who may see the
+-- upstream now: an edge was made when its dependent's owner could see the upstream (and is what the
+-- dependent waits for), so a dependent whose owner lost sight of it since is disabled all the same
+-- (told its id only, as _upstream_disabled tells it), and one that named it without an edge (its id
+-- unknown, or the job hidden, then) is left as it is: the deletion tells it nothing.
+CREATE OR REPLACE FUNCTION pgsched._upstream_deleted()
 RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    gone_ids integer[];
+    ids integer[];
 BEGIN
-    SELECT array_agg(g.job_id) INTO gone_ids FROM gone g;
-    IF gone_ids IS NULL THEN
+    SELECT array_agg(e.job_id ORDER BY e.job_id) INTO ids
+      FROM pgsched.job_dependency e WHERE e.upstream_id = OLD.job_id;
+    IF ids IS NULL THEN
         RETURN NULL;
     END IF;
-    WITH hit AS (
-        SELECT j.job_id, string_agg(format('%s (%s)', g.job_id, g.job_name), ', ' ORDER BY g.job_id) AS names
-          FROM pgsched.job j JOIN gone g ON g.job_id = ANY (j.depends_on)
-         -- (one that names an upstream its owner may not see never had its edge: _sync_dependencies;
-         -- its name stays, as that of an id that never existed, and the deletion tells it nothing)
-         WHERE j.depends_on && gone_ids AND pgsched._may_see(j.owner, g.owner)
-         GROUP BY j.job_id
-    ), d AS (
-        UPDATE pgsched.job j
-           SET depends_on = nullif(ARRAY(SELECT u FROM unnest(j.depends_on) AS u WHERE NOT (u = ANY (gone_ids))
-                                         ORDER BY u), '{}'),
-               scheduled = false
-          FROM hit WHERE j.job_id = hit.job_id
-        RETURNING j.job_id
-    )
+    -- The reason before the pause, which passes it on to their own dependents (_upstream_disabled).
+    -- A dependent deleted by the same statement is gone from pgsched.job already: neither touches it.
+    -- One still disabled for other upstreams deleted (by the same statement, say) names them all.
     UPDATE pgsched.job_stat s
        SET disabled_reason = format('upstream job %s deleted: give the job other upstreams (alter_job depends_on) '
-                                    || 'or a schedule, then resume it', h.names)
-      FROM hit h WHERE s.job_id = h.job_id AND h.job_id IN (SELECT d.job_id FROM d);
+                                    || 'or a schedule, then resume it',
+                                    concat_ws(', ', CASE WHEN NOT j.scheduled THEN substring(s.disabled_reason FROM
+                                                  '^upstream job (.*) deleted: give the job other upstreams') END,
+                                              CASE WHEN pgsched._may_see(j.owner, OLD.owner)
+                                                   THEN format('%s (%s)', OLD.job_id, OLD.job_name)
+                                                   ELSE OLD.job_id::text END))
+      FROM pgsched.job j WHERE j.job_id = s.job_id AND s.job_id = ANY (ids);
+    UPDATE pgsched.job j
+       SET depends_on = nullif(array_remove(j.depends_on, OLD.job_id), '{}'), scheduled = false
+     WHERE j.job_id = ANY (ids);
     RETURN NULL;
 END
 $$;
 
-SELECT pgsched._replace_if_changed('pgsched.job', 'job_upstream_deleted', $ddl$
-CREATE OR REPLACE TRIGGER job_upstream_deleted AFTER DELETE ON pgsched.job
-    REFERENCING OLD TABLE AS gone
-    FOR EACH STATEMENT EXECUTE FUNCTION pgsched._dependency_deleted()
+-- A row trigger whose name sorts before PostgreSQL's own triggers of the edges' foreign keys
+-- (RI_ConstraintTrigger_...): the triggers of one event fire in the order of their names, so this one
+-- reads a deleted upstream's edges before their ON DELETE CASCADE removes them. (The statement
+-- trigger before migration 0019 fired after the cascade and could only ask who might see the
+-- upstream at that moment.) In REPEATABLE READ, an edge committed after the deletion's snapshot is
+-- not seen here, and the cascade then fails the deletion with 40001 rather than leave its dependent.
+SELECT pgsched._replace_if_changed('pgsched.job', 'Before_RI_upstream_deleted', $ddl$
+CREATE OR REPLACE TRIGGER "Before_RI_upstream_deleted" AFTER DELETE ON pgsched.job
+    FOR EACH ROW EXECUTE FUNCTION pgsched._upstream_deleted()
 $ddl$);
+
+-- A change through the API gave the job `upstreams` (resolved: each existed and its owner could see
+-- it): each must have its edge now. One without was deleted (or hidden from the owner) while the
+-- change ran, after _resolve_upstreams read it: the change is refused as a serialization failure,
+-- to be retried, rather than leave a dependent waiting for a job that will never run again.
+CREATE OR REPLACE FUNCTION pgsched._check_edges_made(job_id integer, upstreams integer[])
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    gone integer;
+BEGIN
+    SELECT u INTO gone FROM unnest(upstreams) AS u
+     WHERE NOT EXISTS (SELECT 1 FROM pgsched.job_dependency d
+                        WHERE d.job_id = _check_edges_made.job_id AND d.upstream_id = u)
+     ORDER BY u LIMIT 1;
+    IF gone IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('invalid depends_on: job %s was deleted (or hidden from the job''s owner) while this '
+                             'change ran', gone),
+            HINT = 'retry the transaction: the change was not made';
+    END IF;
+END
+$$;
 
 -- The plans '@after' jobs have been given and not yet started: the pending one (next_start, less
 -- the job's schedule_delay) and the ones waiting behind it, in the order they will run (position). A pending plan whose run has started

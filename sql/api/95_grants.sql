@@ -50,7 +50,7 @@ DECLARE
         -- dependencies (07_dependencies.sql): add_job/alter_job resolve depends_on as the invoker
         -- (the job's trigger checks it as the schema owner: _sync_dependencies, _check_upstreams);
         -- job_stats reads the wait; the trigger of deleted upstreams
-        '_resolve_upstreams', '_may_see', '_depends_form', '_upstream_wait', '_dependency_deleted',
+        '_resolve_upstreams', '_may_see', '_depends_form', '_upstream_wait', '_upstream_deleted', '_check_edges_made',
         -- a job's history level and retentions, checked by _check_settings (45_history.sql)
         '_check_retention', '_retention_form', '_history_form',
         -- the API version and release (constants): the operator commands (`pgsched jobs`, ...) check

@@ -352,6 +352,127 @@ def test_a_paused_upstream_is_named_only_to_dependents_whose_owner_may_see_it(ap
             assert reasons[blind] == f"upstream job {up} is disabled: resume it, then this job"
 
 
+def test_deleting_an_upstream_decides_by_its_edges_not_by_who_sees_it_now(api: Conn, db: str) -> None:
+    """A dependent whose owner saw the upstream when it named it (it has its edge, and waits for it)
+    and lost sight of it since is disabled, told the id only; one that named it without an edge (it
+    could not see it then) and came to see it since is left as it is. Before 2026-11-29 the deletion
+    asked who might see the upstream at that moment, and did each the other way round."""
+    with as_new_role(api, db, "upown3") as upown:
+        up = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'gone_source')"))
+        api.execute("RESET ROLE")
+        with as_new_role(api, db, "depa3") as depa:
+            api.execute("RESET ROLE")
+            depb = _sibling_role(api, depa, "depb3")
+            api.execute(f"GRANT {upown} TO {depa}")
+            api.execute(f"SET ROLE {depa}")
+            lost_sight = after(api, [up])
+            api.execute("RESET ROLE")
+            api.execute(f"REVOKE {upown} FROM {depa}")
+            api.execute(f"SET ROLE {depb}")
+            named_blind = int(scalar(api, "INSERT INTO pgsched.job (job_name, kind, command, schedule, depends_on) "
+                                          "VALUES ('blind', 'command', 'SELECT 1', '@after', %s) RETURNING job_id",
+                                     ([up],)))
+            api.execute("RESET ROLE")
+            api.execute(f"GRANT {upown} TO {depb}")
+            assert api.execute("SELECT job_id FROM pgsched.job_dependency WHERE upstream_id = %s",
+                               (up,)).fetchall() == [(lost_sight,)]
+            api.execute("SELECT pgsched.delete_job(%s)", (up,))
+            got = {r[0]: r[1:] for r in api.execute(
+                "SELECT j.job_id, j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
+                "JOIN pgsched.job_stat s USING (job_id) WHERE j.job_id IN (%s, %s)", (lost_sight, named_blind))}
+            assert got[named_blind] == ([up], True, None)
+            assert got[lost_sight] == (None, False, f"upstream job {up} deleted: give the job other upstreams "
+                                                    "(alter_job depends_on) or a schedule, then resume it")
+            api.execute("DELETE FROM pgsched.job")
+            api.execute(f"DROP ROLE {depb}")
+
+
+def _sibling_role(api: Conn, like: str, prefix: str) -> str:
+    """Another login role like as_new_role's `like` (the caller drops it)."""
+    role = f"{prefix}_{like.rsplit('_', 1)[1]}"
+    api.execute(f"DROP ROLE IF EXISTS {role}")
+    api.execute(f"CREATE ROLE {role} LOGIN")
+    return role
+
+
+def test_an_upstream_and_its_dependent_deleted_together(api: Conn) -> None:
+    """One statement deletes an upstream and a dependent of it (the row trigger finds the dependent
+    gone already), and another dependent of both is disabled, naming both."""
+    up = add_job(api, T, job_name="up_together")
+    down = after(api, [up])
+    further = after(api, [up, down])
+    other = add_job(api, T)
+    api.execute("DELETE FROM pgsched.job WHERE job_id IN (%s, %s)", (up, down))
+    assert scalar(api, "SELECT count(*) FROM pgsched.job WHERE job_id IN (%s, %s)", (up, down)) == 0
+    st = rows(api, "SELECT j.depends_on, j.scheduled, s.state, s.disabled_reason FROM pgsched.job j "
+                   "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (further,))[0]
+    assert (st["depends_on"], st["scheduled"], st["state"]) == (None, False, "disabled"), st
+    reason = st["disabled_reason"]
+    assert reason.startswith("upstream job ") and reason.endswith(
+        " deleted: give the job other upstreams (alter_job depends_on) or a schedule, then resume it"), reason
+    assert f"{up} (up_together)" in reason and f"{down} (ok_fn [{down}])" in reason, reason
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+    assert scalar(api, "SELECT scheduled FROM pgsched.job WHERE job_id = %s", (other,)) is True
+
+
+def test_a_deletion_in_repeatable_read_that_missed_a_new_edge_fails_with_40001(api: Conn, db: str) -> None:
+    """The deletion's trigger reads the edges in its transaction's snapshot; an edge committed after it
+    is found by the foreign key's cascade, which refuses the deletion (40001) rather than remove the
+    edge of a dependent left waiting with nothing said."""
+    up = add_job(api, T, job_name="rr_up")
+    with psycopg.connect(db) as deleter:
+        deleter.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        deleter.execute("SELECT count(*) FROM pgsched.job").fetchone()  # the snapshot
+        down = after(api, [up])  # committed by the other session
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            deleter.execute("SELECT pgsched.delete_job(%s)", (up,))
+        deleter.rollback()
+    assert scalar(api, "SELECT depends_on FROM pgsched.job WHERE job_id = %s", (down,)) == [up]
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency WHERE upstream_id = %s", (up,)) == 1
+
+
+@pytest.mark.parametrize("change", ["add_job", "alter_job"])
+def test_a_change_naming_an_upstream_deleted_meanwhile_is_refused_with_40001(api: Conn, db: str,
+                                                                            change: str) -> None:
+    """add_job or alter_job resolves its upstreams, then a deletion of one commits before its edge is
+    made: the change is refused with 40001 and writes nothing, where it failed with a foreign key
+    violation (the deletion in progress when the edge was made) or kept the id with no edge (the
+    deletion committed before)."""
+    up = add_job(api, T, job_name="racing_up")
+    target = add_job(api, T) if change == "alter_job" else None
+    jobs_before = scalar(api, "SELECT count(*) FROM pgsched.job")
+    with psycopg.connect(db, autocommit=True) as deleter:
+        deleter.execute("BEGIN")
+        deleter.execute("SELECT pgsched.delete_job(%s)", (up,))
+        errors: list[BaseException] = []
+
+        def make_change() -> None:
+            try:
+                with psycopg.connect(db, autocommit=True) as c:
+                    if target is None:
+                        c.execute("SELECT pgsched.add_job('ok_fn', '@after', depends_on => %s)", ([str(up)],))
+                    else:
+                        c.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (target, [str(up)]))
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=make_change)
+        t.start()
+        # the change has resolved the upstream and waits for the deletion's lock on it
+        deadline = datetime.now() + timedelta(seconds=10)
+        while not scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                              "AND query LIKE '%%depends_on =>%%'"):
+            assert datetime.now() < deadline, "the change did not wait for the deletion"
+        deleter.execute("COMMIT")
+        t.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], psycopg.errors.SerializationFailure), errors
+    assert f"job {up} was deleted" in str(errors[0])
+    assert scalar(api, "SELECT count(*) FROM pgsched.job") == jobs_before - 1
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
+    if target is not None:
+        assert scalar(api, "SELECT depends_on FROM pgsched.job WHERE job_id = %s", (target,)) is None
+
+
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
     a, b = add_job(api, T, job_name="a"), add_job(api, T, job_name="b")
     down = add_job(api, T, depends_on=["a"])
@@ -669,8 +790,12 @@ def test_an_upstream_is_deleted_whatever_its_dependents_name_and_whoever_owned_t
             api.execute("SELECT pgsched.delete_job(%s)", (visible,))
             got = api.execute("SELECT job_name, depends_on FROM pgsched.job WHERE job_name IN "
                               "('with_hidden', 'with_unknown', 'orphan') ORDER BY 1").fetchall()
-            # (a dropped role may see nothing: its job is left as it is, and cannot run anyway)
-            assert got == [("orphan", [visible]), ("with_hidden", [hidden]), ("with_unknown", [999999])]
+            # The orphan had its edge: disabled like the others, told the upstream's id only (a dropped
+            # role may see nothing). Before 2026-11-29 the deletion asked who might see the upstream
+            # then, and left it as it was.
+            assert got == [("orphan", None), ("with_hidden", [hidden]), ("with_unknown", [999999])]
+            assert scalar(api, "SELECT s.disabled_reason FROM pgsched.job_stat s JOIN pgsched.job j USING (job_id) "
+                               "WHERE j.job_name = 'orphan'").startswith(f"upstream job {visible} deleted")
             api.execute(f"SET ROLE {namer}")
     finally:
         api.execute("RESET ROLE")
