@@ -26,12 +26,13 @@ _ABANDONED = {
     AbandonedCause.STOPPED: "{holder} stopped before the run ended",
     AbandonedCause.GONE: "{holder} lost its database session (process killed or connection lost) before the run "
                          "ended",
-    AbandonedCause.STALE: "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off); the plan "
-                          "is not run again automatically: run_job() runs the job now, allow_stale_reentry lets an "
-                          "idempotent job's plan be taken over",
+    AbandonedCause.STALE: "stale lease: {holder} did not renew it for {dead_after}s (paused or cut off)",
     AbandonedCause.SESSION: "the session that called run_job ended before the run did",
     AbandonedCause.LOST: "this scheduler lost track of the run (a claim or close lost with the connection)",
 }
+# What becomes of a plan run found stale (a scope run's is retried, see _abandoned_finish).
+_STALE_PLAN = ("; the plan is not run again automatically: run_job() runs the job now, allow_stale_reentry lets an "
+               "idempotent job's plan be taken over")
 
 
 class Recovery(Dispatch):
@@ -112,8 +113,14 @@ class Recovery(Dispatch):
             return
         now = self.clock.now()
         finishes = [self._abandoned_finish(a, now, startup) for a in found]
+        closes = self.store.close_runs(finishes)
         # Refusals are not ours to report: another scheduler closed or took the run first.
-        self._log_closes(finishes, self.store.close_runs(finishes), ours=False)
+        self._log_closes(finishes, closes, ours=False)
+        for a, f, c in zip(found, finishes, closes, strict=True):
+            if c is not None and f.retry_at is not None:
+                log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the job's "
+                         "next plan comes first)", a.run_id, a.job_id, a.scope, (a.attempt or 1) + 1,
+                         f.retry_at.isoformat())
         self.dirty = True  # their jobs have new next starts; our own writes send us no NOTIFY
 
     def _terminate_abandoned_backend(self, a: Abandoned) -> None:
@@ -123,12 +130,14 @@ class Recovery(Dispatch):
             assert self.store is not None
             self.store.terminate_run_backend(a.orphan_app)
 
-    def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
-        self._terminate_abandoned_backend(a)
-        why = _ABANDONED[a.cause].format(holder=a.holder, dead_after=self.settings.dead_after)
+    def _log_abandoned(self, a: Abandoned, why: str) -> None:
         log.warning("run %s of job %s recorded as a crash: %s", a.run_id, a.job_id, why,
                     extra={"run_id": a.run_id, "job_id": a.job_id, "outcome": "crash", "abandoned": str(a.cause),
                            "instance_id": self.instance_id})
+
+    def _abandoned_finish(self, a: Abandoned, now: datetime, startup: bool) -> Finish:
+        self._terminate_abandoned_backend(a)
+        why = _ABANDONED[a.cause].format(holder=a.holder, dead_after=self.settings.dead_after)
         if a.scope:
             # One scope of a plan: its end does not move the job's schedule (its plan run's does). It
             # is retried on its own, as when its own scheduler closes it (Dispatch._end_run); found at
@@ -140,11 +149,14 @@ class Recovery(Dispatch):
                     outcome=Outcome.CRASH, attempt=a.attempt, finish=now, rng=self.rng,
                     not_before=now + timedelta(seconds=self.settings.crash_wait) if startup and a.after_restart
                     else None)
-            if retry_at is not None and a.attempt is not None:
-                log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the job's "
-                         "next plan comes first)", a.run_id, a.job_id, a.scope, a.attempt + 1, retry_at.isoformat())
+            if retry_at is not None:
+                why += "; the scope is retried unless the job's next plan comes first"
+            self._log_abandoned(a, why)
             return Finish(run_id=a.run_id, outcome=Outcome.CRASH, sqlstate=None, message=why, next_start=None,
                           finished_at=now, lease_token=a.lease_token, retry_at=retry_at)
+        if a.cause is AbandonedCause.STALE:
+            why += _STALE_PLAN
+        self._log_abandoned(a, why)
         if a.schedule is None:
             end = RunEnd(Outcome.CRASH, None, JobState.DISABLED, a.problem or "invalid schedule")
         else:

@@ -707,24 +707,28 @@ def _iso(t: datetime | None) -> str | None:
 def _abandoned_from_row(row: dict[str, Any]) -> Abandoned:
     sched: Schedule | None = None
     problem = None
+    retry_period = schedule_delay = timedelta(0)
     try:
         sched = schedule_from_row(row)
+        retry_period = timedelta(seconds=row["retry_period_s"])
+        schedule_delay = timedelta(seconds=row["schedule_delay_s"] or 0)
     except (schedule.ScheduleError, ValueError, OverflowError) as e:
-        problem = f"invalid schedule in the catalog: {e}"
+        # Absurd values written into the catalog by hand (a retry_period of a million years): the
+        # run is closed with its job disabled, and the heartbeat goes on.
+        sched, problem = None, f"invalid schedule in the catalog: {e}"
     attempt: int | None = row["attempt"]
     window = None
     if row["exclude"]:
         try:
             window = _window(row["exclude"])
-        except (schedule.ScheduleError, ValueError):
+        except (schedule.ScheduleError, ValueError, OverflowError):
             attempt = None  # a window written into the catalog by hand that cannot be read: no retry
     return Abandoned(
         run_id=row["run_id"], job_id=row["job_id"], plan_time=row["plan_time"], lease_token=row["lease_token"],
         cause=AbandonedCause(row["cause"]), holder=row["holder"], orphan_app=row["orphan_app"],
         orphan_pid=row["orphan_pid"], reentry=bool(row["allow_stale_reentry"]),
         consecutive_crashes=row["consecutive_crashes"], schedule=sched,
-        retry_period=timedelta(seconds=row["retry_period_s"]),
-        schedule_delay=timedelta(seconds=row["schedule_delay_s"] or 0), problem=problem,
+        retry_period=retry_period, schedule_delay=schedule_delay, problem=problem,
         after_restart=bool(row["after_restart"]), scope=row["scope"] or "", code_module=row["code_module"],
         attempt=attempt, max_retries=-1 if row["max_retries"] is None else row["max_retries"], exclude=window,
     )

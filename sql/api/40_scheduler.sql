@@ -609,7 +609,7 @@ $$;
 -- served: the heartbeat joins it to each run that function returns (pgsched/store.py).
 CREATE OR REPLACE FUNCTION pgsched._abandoned_scope_run(run_id bigint)
 RETURNS TABLE (attempt integer, max_retries integer, exclude text)
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE STRICT  -- (no call for the heartbeat's one row of NULLs when nothing is abandoned)
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT r.attempt, j.max_retries, j.exclude
       FROM pgsched.job_run_live r

@@ -455,6 +455,29 @@ def test_a_scope_run_another_scheduler_closes_as_a_crash_is_retried(db: str, sha
     assert st == ("scheduled", 2, 1, 1), st
 
 
+def test_a_scope_run_found_at_a_start_while_a_peer_lives_is_retried_after_its_backoff(db: str, shards: Conn) -> None:
+    """A failover, not a restart: another scheduler is alive when this one starts and finds the
+    abandoned scope run, so its retry keeps the job's backoff (1 s), not crash_wait (30 s)."""
+    shards.execute(ATTEMPT_SHARD)
+    job = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', retry_period => '1 second', "
+                          "scope_query => 'SELECT k FROM shards')"))
+    shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
+    _scope_run_held_by_a_stopped_scheduler(shards, job, "us")
+    with psycopg.connect(db, autocommit=True) as peer:  # registered, heartbeating now, its session open
+        peer.execute("SELECT pgsched._register_instance('peer', 1, 'test', 1)")
+        serve(db, lambda: int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'us'")) >= 1, timeout=8,
+              crash_wait=30.0)
+    us = shards.execute("SELECT attempt, trigger, outcome, plan_time, finished_at FROM pgsched.job_run "
+                        "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,)).fetchall()
+    assert [r[:3] for r in us] == [(1, "schedule", "crash"), (2, "retry", "success")], us
+    assert timedelta(seconds=0.85) <= us[1][3] - us[0][4] <= timedelta(seconds=1.15), us
+    assert us[0][2] == "crash"
+    message = one(shards, "SELECT message FROM pgsched.job_run WHERE job_id = %s AND scope = 'us' AND attempt = 1",
+                  job)
+    assert message.endswith("stopped before the run ended; the scope is retried unless the job's next plan "
+                            "comes first"), message
+
+
 @pytest.mark.parametrize("case", ["max_retries", "unreadable exclude", "plan run"])
 def test_an_abandoned_run_is_not_retried_past_max_retries_nor_without_its_facts(db: str, shards: Conn,
                                                                                  case: str) -> None:
