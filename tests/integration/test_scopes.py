@@ -515,3 +515,32 @@ def test_an_abandoned_run_is_not_retried_past_max_retries_nor_without_its_facts(
                           "ORDER BY run_id", (job,)).fetchall()
     assert runs == [(1, "schedule", "crash")], runs
     assert shards.execute("SELECT count(*) FROM effects").fetchone() == (0,)
+
+
+def test_an_abandoned_run_of_a_job_with_an_absurd_retry_period_is_closed_and_the_scheduler_goes_on(
+        db: str, shards: Conn) -> None:
+    """A retry_period written by hand past what Python's timedelta holds (about 2.7 million years):
+    the heartbeat reads the abandoned run as one whose schedule cannot be computed, the run is closed
+    as a crash with its job disabled, and the scheduler runs the other jobs."""
+    from pgsched.clock import DbClock
+    from pgsched.store import Store
+
+    shards.execute(ATTEMPT_SHARD)
+    job = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', scope_query => 'SELECT k FROM shards')"))
+    shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
+    crashed = _scope_run_held_by_a_stopped_scheduler(shards, job, "")
+    shards.execute("ALTER TABLE pgsched.job DISABLE TRIGGER USER")
+    shards.execute("UPDATE pgsched.job SET retry_period = interval '3000000 years' WHERE job_id = %s", (job,))
+    shards.execute("ALTER TABLE pgsched.job ENABLE TRIGGER USER")
+    store = Store(db, DbClock())
+    try:
+        me = store.register_instance("me", 1, "test", 1)
+        [found] = store.heartbeat(me, 1, timedelta(seconds=10), timedelta(0), []).abandoned
+    finally:
+        store.close()
+    assert (found.run_id, found.schedule) == (crashed, None) and "invalid schedule" in (found.problem or "")
+    other = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', scope_query => $$SELECT 'other'$$)"))
+    serve(db, lambda: int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'other'")) >= 1, timeout=10)
+    assert shards.execute("SELECT outcome FROM pgsched.job_run WHERE run_id = %s", (crashed,)).fetchone() == ("crash",)
+    assert one(shards, "SELECT state FROM pgsched.job_stats WHERE job_id = %s", job) == "disabled"
+    assert one(shards, "SELECT total_successes FROM pgsched.job_stats WHERE job_id = %s", other) == 2
