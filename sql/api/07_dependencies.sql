@@ -192,12 +192,14 @@ BEGIN
      ORDER BY d.upstream_id FOR UPDATE;
     DELETE FROM pgsched.job_dependency d
      WHERE d.job_id = _sync_dependencies.job_id AND NOT (d.upstream_id = ANY (coalesce(depends_on, '{}')));
-    -- Its upstreams locked first, in the order of their ids, as the edges' foreign key check would
-    -- lock them: a deletion of one still in progress is waited for, and one deleted meanwhile is
-    -- then skipped and gets no edge (the API refuses that with 40001, _check_edges_made), where the
-    -- check would have failed the write with a foreign key violation.
+    -- The upstreams it gets edges to locked first, in the order of their ids, as the edges' foreign
+    -- key check would lock them: a deletion of one still in progress is waited for, and one deleted
+    -- meanwhile is then skipped and gets no edge, where the check would have failed the write with a
+    -- foreign key violation. Only those its owner may see: a job it may not see gets no edge, and
+    -- a lock on it would hold up its deletion.
     PERFORM 1 FROM pgsched.job j
      WHERE j.job_id = ANY (CASE WHEN inserted THEN _sync_dependencies.depends_on ELSE added END)
+       AND pgsched._may_see(_sync_dependencies.owner, j.owner)
      ORDER BY j.job_id FOR KEY SHARE;
     -- A changed job gets edges for what was checked above only: an id it kept without an edge
     -- keeps none (an edge made for it now would skip the cycle check).
@@ -206,6 +208,12 @@ BEGIN
      WHERE EXISTS (SELECT 1 FROM pgsched.job j
                     WHERE j.job_id = u AND pgsched._may_see(_sync_dependencies.owner, j.owner))
     ON CONFLICT DO NOTHING;
+    -- A changed job's new upstreams were all there a moment ago (above): one without its edge now
+    -- was deleted while the lock waited. (A new job may name ids that do not exist: the API checks
+    -- its own, _store_new_job.)
+    IF NOT inserted THEN
+        PERFORM pgsched._check_edges_made(_sync_dependencies.job_id, added);
+    END IF;
 END
 $$;
 
@@ -250,19 +258,30 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ids integer[];
 BEGIN
+    -- The dependents' rows first, in the order of their ids (alter_job locks a job's row before its
+    -- job_stat row), then their edges read again: a change that removed the edge while this waited
+    -- has committed, and its job is left alone. Then the job_stat rows, the deleted job's among them,
+    -- in the order of their ids, as a close locks them (20_runs.sql). A dependent deleted by the
+    -- same statement is gone from pgsched.job already: none of this touches it.
+    PERFORM 1 FROM pgsched.job j
+     WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = OLD.job_id)
+     ORDER BY j.job_id FOR NO KEY UPDATE;
     SELECT array_agg(e.job_id ORDER BY e.job_id) INTO ids
-      FROM pgsched.job_dependency e WHERE e.upstream_id = OLD.job_id;
+      FROM pgsched.job_dependency e JOIN pgsched.job j ON j.job_id = e.job_id
+     WHERE e.upstream_id = OLD.job_id AND OLD.job_id = ANY (j.depends_on);
     IF ids IS NULL THEN
         RETURN NULL;
     END IF;
+    PERFORM 1 FROM pgsched.job_stat s WHERE s.job_id = ANY (ids || OLD.job_id) ORDER BY s.job_id FOR UPDATE;
     -- The reason before the pause, which passes it on to their own dependents (_upstream_disabled).
-    -- A dependent deleted by the same statement is gone from pgsched.job already: neither touches it.
-    -- One still disabled for other upstreams deleted (by the same statement, say) names them all.
+    -- One still disabled for other upstreams deleted (by the same statement, say) names them all;
+    -- not a reason passed on from an upstream disabled for that (it ends otherwise).
     UPDATE pgsched.job_stat s
        SET disabled_reason = format('upstream job %s deleted: give the job other upstreams (alter_job depends_on) '
                                     || 'or a schedule, then resume it',
                                     concat_ws(', ', CASE WHEN NOT j.scheduled THEN substring(s.disabled_reason FROM
-                                                  '^upstream job (.*) deleted: give the job other upstreams') END,
+                                                  '^upstream job (.*) deleted: give the job other upstreams '
+                                                  || '\(alter_job depends_on\) or a schedule, then resume it$') END,
                                               CASE WHEN pgsched._may_see(j.owner, OLD.owner)
                                                    THEN format('%s (%s)', OLD.job_id, OLD.job_name)
                                                    ELSE OLD.job_id::text END))
@@ -285,10 +304,11 @@ CREATE OR REPLACE TRIGGER "Before_RI_upstream_deleted" AFTER DELETE ON pgsched.j
     FOR EACH ROW EXECUTE FUNCTION pgsched._upstream_deleted()
 $ddl$);
 
--- A change through the API gave the job `upstreams` (resolved: each existed and its owner could see
--- it): each must have its edge now. One without was deleted (or hidden from the owner) while the
--- change ran, after _resolve_upstreams read it: the change is refused as a serialization failure,
--- to be retried, rather than leave a dependent waiting for a job that will never run again.
+-- A change gave the job `upstreams`, each of which existed and its owner could see a moment before
+-- (add_job's resolved upstreams, _store_new_job; any change's added ones, _sync_dependencies): each
+-- must have its edge now. One without was deleted (or hidden from the owner) while the change ran:
+-- the change is refused as a serialization failure, to be retried, rather than leave a dependent
+-- waiting for a job that will never run again.
 CREATE OR REPLACE FUNCTION pgsched._check_edges_made(job_id integer, upstreams integer[])
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$

@@ -218,14 +218,9 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._store_settings(job_id integer, s pgsched.job_settings)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    old_upstreams integer[] := (SELECT j.depends_on FROM pgsched.job j WHERE j.job_id = _store_settings.job_id);
 BEGIN
     EXECUTE format('UPDATE pgsched.job SET (%s) = (SELECT ($1).*) WHERE job_id = $2', pgsched._settings_columns())
       USING s, job_id;
-    -- The upstreams it adds (those it keeps may have no edge: named before they existed or could be seen).
-    PERFORM pgsched._check_edges_made(job_id, ARRAY(SELECT u FROM unnest(s.depends_on) AS u
-                                                     WHERE NOT (u = ANY (coalesce(old_upstreams, '{}')))));
 END
 $$;
 

@@ -7,7 +7,9 @@ other bad input refused with nothing written; two closes on two connections raci
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -360,9 +362,7 @@ def test_deleting_an_upstream_decides_by_its_edges_not_by_who_sees_it_now(api: C
     with as_new_role(api, db, "upown3") as upown:
         up = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'gone_source')"))
         api.execute("RESET ROLE")
-        with as_new_role(api, db, "depa3") as depa:
-            api.execute("RESET ROLE")
-            depb = _sibling_role(api, depa, "depb3")
+        with as_new_role(api, db, "depa3") as depa, _sibling_role(api, depa, "depb3") as depb:
             api.execute(f"GRANT {upown} TO {depa}")
             api.execute(f"SET ROLE {depa}")
             lost_sight = after(api, [up])
@@ -383,16 +383,21 @@ def test_deleting_an_upstream_decides_by_its_edges_not_by_who_sees_it_now(api: C
             assert got[named_blind] == ([up], True, None)
             assert got[lost_sight] == (None, False, f"upstream job {up} deleted: give the job other upstreams "
                                                     "(alter_job depends_on) or a schedule, then resume it")
-            api.execute("DELETE FROM pgsched.job")
-            api.execute(f"DROP ROLE {depb}")
 
 
-def _sibling_role(api: Conn, like: str, prefix: str) -> str:
-    """Another login role like as_new_role's `like` (the caller drops it)."""
+@contextlib.contextmanager
+def _sibling_role(api: Conn, like: str, prefix: str) -> Iterator[str]:
+    """Another login role beside as_new_role's `like`; `api` is reset to the session's own role."""
+    api.execute("RESET ROLE")
     role = f"{prefix}_{like.rsplit('_', 1)[1]}"
     api.execute(f"DROP ROLE IF EXISTS {role}")
     api.execute(f"CREATE ROLE {role} LOGIN")
-    return role
+    try:
+        yield role
+    finally:
+        api.execute("RESET ROLE")
+        api.execute("DELETE FROM pgsched.job")
+        api.execute(f"DROP ROLE {role}")
 
 
 def test_an_upstream_and_its_dependent_deleted_together(api: Conn) -> None:
@@ -431,38 +436,50 @@ def test_a_deletion_in_repeatable_read_that_missed_a_new_edge_fails_with_40001(a
     assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency WHERE upstream_id = %s", (up,)) == 1
 
 
-@pytest.mark.parametrize("change", ["add_job", "alter_job"])
+def _in_thread(db: str, sql_text: str, params: tuple[Any, ...]) -> tuple[threading.Thread, list[BaseException]]:
+    """`sql_text` run in a session of its own on a thread, started; the errors it raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(db, autocommit=True) as c:
+                c.execute(sql_text, params)
+        except BaseException as e:  # the caller asserts on them
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, errors
+
+
+def _wait_for_a_lock_wait(api: Conn, marker: str) -> None:
+    """Until a session of this database whose statement holds `marker` waits for a lock."""
+    deadline = datetime.now() + timedelta(seconds=10)
+    while not scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND datname = current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
+                     (f"%{marker}%",)):
+        assert datetime.now() < deadline, f"no session running {marker!r} waited for a lock"
+        threading.Event().wait(0.02)
+
+
+@pytest.mark.parametrize("change", ["add_job", "alter_job", "direct update"])
 def test_a_change_naming_an_upstream_deleted_meanwhile_is_refused_with_40001(api: Conn, db: str,
                                                                             change: str) -> None:
-    """add_job or alter_job resolves its upstreams, then a deletion of one commits before its edge is
-    made: the change is refused with 40001 and writes nothing, where it failed with a foreign key
-    violation (the deletion in progress when the edge was made) or kept the id with no edge (the
-    deletion committed before)."""
+    """add_job, alter_job or a direct UPDATE of depends_on names an upstream whose deletion commits
+    while the change waits for it: refused with 40001, nothing written, where it failed with a
+    foreign key violation (the deletion in progress when the edge was made) or kept the id with no
+    edge (the deletion committed before)."""
     up = add_job(api, T, job_name="racing_up")
-    target = add_job(api, T) if change == "alter_job" else None
+    target = add_job(api, T) if change != "add_job" else None
     jobs_before = scalar(api, "SELECT count(*) FROM pgsched.job")
+    statement = {"add_job": ("SELECT pgsched.add_job('ok_fn', '@after', depends_on => %s)", ([str(up)],)),
+                 "alter_job": ("SELECT pgsched.alter_job(%s, depends_on => %s)", (target, [str(up)])),
+                 "direct update": ("UPDATE pgsched.job SET depends_on = %s WHERE job_id = %s", ([up], target))}[change]
     with psycopg.connect(db, autocommit=True) as deleter:
         deleter.execute("BEGIN")
         deleter.execute("SELECT pgsched.delete_job(%s)", (up,))
-        errors: list[BaseException] = []
-
-        def make_change() -> None:
-            try:
-                with psycopg.connect(db, autocommit=True) as c:
-                    if target is None:
-                        c.execute("SELECT pgsched.add_job('ok_fn', '@after', depends_on => %s)", ([str(up)],))
-                    else:
-                        c.execute("SELECT pgsched.alter_job(%s, depends_on => %s)", (target, [str(up)]))
-            except BaseException as e:
-                errors.append(e)
-
-        t = threading.Thread(target=make_change)
-        t.start()
-        # the change has resolved the upstream and waits for the deletion's lock on it
-        deadline = datetime.now() + timedelta(seconds=10)
-        while not scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                              "AND query LIKE '%%depends_on =>%%'"):
-            assert datetime.now() < deadline, "the change did not wait for the deletion"
+        t, errors = _in_thread(db, *statement)
+        _wait_for_a_lock_wait(api, "depends_on")  # it has read the upstream, and waits for the deletion
         deleter.execute("COMMIT")
         t.join(10)
     assert len(errors) == 1 and isinstance(errors[0], psycopg.errors.SerializationFailure), errors
@@ -471,6 +488,61 @@ def test_a_change_naming_an_upstream_deleted_meanwhile_is_refused_with_40001(api
     assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency") == 0
     if target is not None:
         assert scalar(api, "SELECT depends_on FROM pgsched.job WHERE job_id = %s", (target,)) is None
+
+
+def test_a_dependent_that_drops_its_upstream_while_it_is_deleted_is_left_alone(api: Conn, db: str) -> None:
+    """An alter_job removing the upstream, not yet committed when the upstream's deletion reads the
+    edges: the deletion waits for the dependent's row, reads the edges again, and leaves the job
+    (which no longer names it) scheduled."""
+    up = add_job(api, T, job_name="dropped_up")
+    down = add_job(api, T, depends_on=[str(up)])
+    with psycopg.connect(db, autocommit=True) as changer:
+        changer.execute("BEGIN")
+        changer.execute("SELECT pgsched.alter_job(%s, depends_on => '{}')", (down,))
+        t, errors = _in_thread(db, "SELECT pgsched.delete_job(%s) /* dropped_up */", (up,))
+        _wait_for_a_lock_wait(api, "dropped_up")
+        changer.execute("COMMIT")
+        t.join(10)
+    assert errors == []
+    assert rows(api, "SELECT j.depends_on, j.scheduled, s.state, s.disabled_reason FROM pgsched.job j "
+                     "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (down,)) == [
+        {"depends_on": None, "scheduled": True, "state": "scheduled", "disabled_reason": None}]
+
+
+def test_a_deletion_and_an_alter_job_of_its_dependent_do_not_deadlock(api: Conn, db: str) -> None:
+    """A transaction holds a dependent's row (its first change), then changes what its job_stat row
+    holds (priority), while the upstream is deleted: the deletion waits for the dependent's row before
+    it takes any job_stat row, as alter_job takes them (row first), so both finish."""
+    up = add_job(api, T, job_name="locked_up")
+    down = add_job(api, T, depends_on=[str(up)])
+    with psycopg.connect(db, autocommit=True) as changer:
+        changer.execute("BEGIN")
+        changer.execute("SELECT pgsched.alter_job(%s, job_name => 'renamed')", (down,))
+        t, errors = _in_thread(db, "SELECT pgsched.delete_job(%s) /* locked_up */", (up,))
+        _wait_for_a_lock_wait(api, "locked_up")
+        changer.execute("SELECT pgsched.alter_job(%s, priority => 3)", (down,))
+        changer.execute("COMMIT")
+        t.join(10)
+    assert errors == []
+    st = rows(api, "SELECT j.job_name, j.priority, j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
+                   "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (down,))[0]
+    assert (st["job_name"], st["priority"], st["depends_on"], st["scheduled"]) == ("renamed", 3, None, False), st
+    assert st["disabled_reason"].startswith(f"upstream job {up} (locked_up) deleted"), st
+
+
+def test_a_reason_passed_on_from_a_deleted_upstream_is_not_merged_with_a_later_deletion(api: Conn) -> None:
+    """D2 runs after D and V; D runs after U. U deleted: D is disabled for it, and D2 for D (the
+    reason passed on names U inside). V deleted next: D2's reason names V alone."""
+    u, v = add_job(api, T, job_name="u"), add_job(api, T, job_name="v")
+    d = after(api, [u])
+    d2 = after(api, [d, v])
+    api.execute("SELECT pgsched.delete_job(%s)", (u,))
+    assert scalar(api, "SELECT disabled_reason FROM pgsched.job_stat WHERE job_id = %s", (d2,)).startswith(
+        f"upstream job {d} ")
+    api.execute("SELECT pgsched.delete_job(%s)", (v,))
+    assert scalar(api, "SELECT disabled_reason FROM pgsched.job_stat WHERE job_id = %s", (d2,)) == (
+        f"upstream job {v} (v) deleted: give the job other upstreams (alter_job depends_on) or a schedule, "
+        "then resume it")
 
 
 def test_alter_job_replaces_and_removes_dependencies(api: Conn) -> None:
@@ -830,3 +902,24 @@ def test_an_upstream_kept_without_an_edge_gets_none_at_a_later_change(api: Conn,
         api.execute("DELETE FROM pgsched.job WHERE job_id BETWEEN 900000 AND 900002")
         for role in (rb, ra):
             api.execute(f"DROP ROLE {role}")
+
+
+def test_naming_a_job_one_may_not_see_does_not_hold_up_its_deletion(api: Conn, db: str) -> None:
+    """A new job naming a hidden id gets no edge, and takes no lock on that job either: its owner's
+    deletion does not wait for the other transaction (nor does the namer learn it is under way)."""
+    with as_new_role(api, db, "hider4") as hider:
+        hidden = int(scalar(api, "SELECT pgsched.add_job('ok_fn', '1 hour', job_name => 'hidden4')"))
+        with _sibling_role(api, hider, "namer4") as namer:
+            with psycopg.connect(db, autocommit=True) as other:
+                other.execute(f"SET ROLE {namer}")
+                other.execute("BEGIN")
+                other.execute("INSERT INTO pgsched.job (job_name, kind, command, schedule, depends_on) "
+                              "VALUES ('names_hidden', 'command', 'SELECT 1', '@after', %s)", ([hidden],))
+                api.execute("SET lock_timeout = '2s'")
+                try:
+                    api.execute("SELECT pgsched.delete_job(%s)", (hidden,))
+                finally:
+                    api.execute("RESET lock_timeout")
+                other.execute("COMMIT")
+            assert scalar(api, "SELECT count(*) FROM pgsched.job WHERE job_id = %s", (hidden,)) == 0
+            assert scalar(api, "SELECT depends_on FROM pgsched.job WHERE job_name = 'names_hidden'") == [hidden]
