@@ -232,6 +232,9 @@ BEGIN
      WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = _upstream_disabled.upstream_id)
        AND j.scheduled;
     IF ids IS NOT NULL THEN
+        -- Their rows before their job_stat rows, in the order of their ids: the order alter_job and
+        -- an upstream's deletion (_upstream_deleted) take them in.
+        PERFORM 1 FROM pgsched.job j WHERE j.job_id = ANY (ids) ORDER BY j.job_id FOR NO KEY UPDATE;
         SELECT j.owner INTO up_owner FROM pgsched.job j WHERE j.job_id = _upstream_disabled.upstream_id;
         -- The reason before the pause, which passes it on to their own dependents.
         UPDATE pgsched.job_stat s
@@ -258,8 +261,8 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ids integer[];
 BEGIN
-    -- The dependents' rows first, in the order of their ids (alter_job locks a job's row before its
-    -- job_stat row), then their edges read again: a change that removed the edge while this waited
+    -- The dependents' rows first, in the order of their ids (alter_job, _upstream_disabled and
+    -- _disable_job_v2 lock a job's row before its job_stat row), then their edges read again: a change that removed the edge while this waited
     -- has committed, and its job is left alone. Then the job_stat rows, the deleted job's among them,
     -- in the order of their ids, as a close locks them (20_runs.sql). A dependent deleted by the
     -- same statement is gone from pgsched.job already: none of this touches it.
@@ -272,6 +275,10 @@ BEGIN
     IF ids IS NULL THEN
         RETURN NULL;
     END IF;
+    -- The deleted job's runs in progress before it (a close locks a run, then its job_stat row), which
+    -- the cascade deletes after this.
+    PERFORM 1 FROM pgsched.job_run_live r WHERE r.job_id = OLD.job_id AND r.outcome = 'running'
+     ORDER BY r.run_id FOR UPDATE;
     PERFORM 1 FROM pgsched.job_stat s WHERE s.job_id = ANY (ids || OLD.job_id) ORDER BY s.job_id FOR UPDATE;
     -- The reason before the pause, which passes it on to their own dependents (_upstream_disabled).
     -- One still disabled for other upstreams deleted (by the same statement, say) names them all;
@@ -281,7 +288,7 @@ BEGIN
                                     || 'or a schedule, then resume it',
                                     concat_ws(', ', CASE WHEN NOT j.scheduled THEN substring(s.disabled_reason FROM
                                                   '^upstream job (.*) deleted: give the job other upstreams '
-                                                  || '\(alter_job depends_on\) or a schedule, then resume it$') END,
+                                                  || '[(]alter_job depends_on[)] or a schedule, then resume it$') END,
                                               CASE WHEN pgsched._may_see(j.owner, OLD.owner)
                                                    THEN format('%s (%s)', OLD.job_id, OLD.job_name)
                                                    ELSE OLD.job_id::text END))

@@ -765,6 +765,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgsched._disable_job_v2(job_id integer, reason text)
 RETURNS text LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
+    -- The job's row before its job_stat row, as alter_job and an upstream's deletion take them.
+    SELECT 1 FROM pgsched.job j WHERE j.job_id = _disable_job_v2.job_id FOR NO KEY UPDATE;
     -- The reason before the pause: pausing passes it on to the job's dependents (07_dependencies.sql).
     UPDATE pgsched.job_stat s SET disabled_reason = reason,
            state = CASE WHEN s.state = 'scheduled' THEN 'disabled' ELSE s.state END

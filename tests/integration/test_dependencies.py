@@ -923,3 +923,26 @@ def test_naming_a_job_one_may_not_see_does_not_hold_up_its_deletion(api: Conn, d
                 other.execute("COMMIT")
             assert scalar(api, "SELECT count(*) FROM pgsched.job WHERE job_id = %s", (hidden,)) == 0
             assert scalar(api, "SELECT depends_on FROM pgsched.job WHERE job_name = 'names_hidden'") == [hidden]
+
+
+def test_pausing_one_upstream_while_another_is_deleted_does_not_deadlock(api: Conn, db: str) -> None:
+    """D runs after P and U. A session holds D's job_stat row; meanwhile P is paused (which disables
+    D) and U deleted (which disables D too): both take D's row before its job_stat row, so when the
+    session lets go both finish, and D names the deleted upstream."""
+    p, u = add_job(api, T, job_name="paused_p"), add_job(api, T, job_name="deleted_u")
+    d = after(api, [p, u])
+    with psycopg.connect(db, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM pgsched.job_stat WHERE job_id = %s FOR UPDATE", (d,))
+        pause, pause_errors = _in_thread(db, "SELECT pgsched.alter_job(%s, scheduled => false) /* paused_p */", (p,))
+        _wait_for_a_lock_wait(api, "paused_p")
+        delete, delete_errors = _in_thread(db, "SELECT pgsched.delete_job(%s) /* deleted_u */", (u,))
+        _wait_for_a_lock_wait(api, "deleted_u")
+        holder.execute("COMMIT")
+        pause.join(10)
+        delete.join(10)
+    assert pause_errors == [] and delete_errors == [], (pause_errors, delete_errors)
+    st = rows(api, "SELECT j.depends_on, j.scheduled, s.disabled_reason FROM pgsched.job j "
+                   "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (d,))[0]
+    assert (st["depends_on"], st["scheduled"]) == ([p], False), st
+    assert st["disabled_reason"].startswith(f"upstream job {u} (deleted_u) deleted"), st
