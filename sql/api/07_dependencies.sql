@@ -262,10 +262,11 @@ DECLARE
     ids integer[];
 BEGIN
     -- The dependents' rows first, in the order of their ids (alter_job, _upstream_disabled and
-    -- _disable_job_v2 lock a job's row before its job_stat row), then their edges read again: a change that removed the edge while this waited
-    -- has committed, and its job is left alone. Then the job_stat rows, the deleted job's among them,
-    -- in the order of their ids, as a close locks them (20_runs.sql). A dependent deleted by the
-    -- same statement is gone from pgsched.job already: none of this touches it.
+    -- _disable_job_v2 lock a job's row before its job_stat row), then their edges read again: a
+    -- change that removed the edge while this waited has committed, and its job is left alone. Then
+    -- the job_stat rows, the deleted job's among them, in the order of their ids, as a close locks
+    -- them (20_runs.sql). A dependent deleted by the same statement is gone from pgsched.job
+    -- already: none of this touches it.
     PERFORM 1 FROM pgsched.job j
      WHERE j.job_id IN (SELECT e.job_id FROM pgsched.job_dependency e WHERE e.upstream_id = OLD.job_id)
      ORDER BY j.job_id FOR NO KEY UPDATE;
