@@ -41,6 +41,12 @@ def closes_wait(ended: int, since: float, now: float, max_workers: int) -> bool:
     return ended < 2 * max_workers and now < since + CLOSE_WAIT_S
 
 
+def log_scope_retry(run_id: int, job_id: int, scope: str, attempt: int, at: datetime) -> None:
+    """The retry a scope run's close asks for (whichever scheduler closes it)."""
+    log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the job's next plan "
+             "comes first)", run_id, job_id, scope, attempt, at.isoformat())
+
+
 def held_wakeups(pending: Sequence[Finish]) -> list[datetime]:
     """When the runs of closes not yet written make something due: their jobs' next starts and the
     scope retries they ask for. A claim made meanwhile cannot know them (its next_due leaves them out)."""
@@ -495,9 +501,7 @@ class Dispatch(LoopState):
                 worker_pid=run.worker_pid if run.pids_changed else None,
                 backend_pid=run.backend_pid if run.pids_changed else None, retry_at=retry_at))
             if retry_at is not None:
-                log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the "
-                         "job's next plan comes first)", run.run_id, job.job_id, run.scope, run.attempt + 1,
-                         retry_at.isoformat())
+                log_scope_retry(run.run_id, job.job_id, run.scope, run.attempt + 1, retry_at)
                 if self.next_due is None or retry_at < self.next_due:
                     self.next_due = retry_at
             return

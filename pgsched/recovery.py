@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timedelta
 
 from pgsched import schedule
-from pgsched.dispatch import Dispatch
+from pgsched.dispatch import Dispatch, log_scope_retry
 from pgsched.state import REENTRANT_CAUSES, AbandonedCause, JobState, Outcome, RunEnd, after_crash, scope_retry_at
 from pgsched.store import Abandoned, Finish
 
@@ -118,9 +118,7 @@ class Recovery(Dispatch):
         self._log_closes(finishes, closes, ours=False)
         for a, f, c in zip(found, finishes, closes, strict=True):
             if c is not None and f.retry_at is not None:
-                log.info("run %s of job %s, scope %r: retry (attempt %d) asked for %s (not queued if the job's "
-                         "next plan comes first)", a.run_id, a.job_id, a.scope, (a.attempt or 1) + 1,
-                         f.retry_at.isoformat())
+                log_scope_retry(a.run_id, a.job_id, a.scope, (a.attempt or 1) + 1, f.retry_at)
         self.dirty = True  # their jobs have new next starts; our own writes send us no NOTIFY
 
     def _terminate_abandoned_backend(self, a: Abandoned) -> None:

@@ -19,6 +19,8 @@ import psycopg
 import pytest
 
 from pgsched import app
+from pgsched.clock import DbClock
+from pgsched.store import Abandoned, Store
 from tests.integration.test_scheduler import Conn, one, serve
 
 
@@ -429,6 +431,26 @@ def _scope_run_held_by_a_stopped_scheduler(conn: Conn, job: int, scope: str) -> 
     return int(run[0])
 
 
+def _the_one_abandoned_run(db: str) -> Abandoned:
+    """What a new scheduler's heartbeat reads of the one run it finds abandoned."""
+    store = Store(db, DbClock())
+    try:
+        me = store.register_instance("me", 1, "test", 1)
+        [found] = store.heartbeat(me, 1, timedelta(seconds=10), timedelta(0), []).abandoned
+    finally:
+        store.close()
+    return found
+
+
+def _write_by_hand(conn: Conn, statement: str, *args: Any) -> None:
+    """A write to pgsched.job past its triggers' checks, as an absurd value written by hand would be."""
+    conn.execute("ALTER TABLE pgsched.job DISABLE TRIGGER USER")
+    try:
+        conn.execute(statement, args)
+    finally:
+        conn.execute("ALTER TABLE pgsched.job ENABLE TRIGGER USER")
+
+
 def test_a_scope_run_another_scheduler_closes_as_a_crash_is_retried(db: str, shards: Conn) -> None:
     """The scheduler that finds a scope run abandoned (its own scheduler stopped or died) closes it
     as a crash and asks for its retry as that scheduler would have: attempt 2, trigger retry. Found
@@ -484,25 +506,15 @@ def test_an_abandoned_run_is_not_retried_past_max_retries_nor_without_its_facts(
     """What the heartbeat reads for an abandoned run's retry (pgsched._abandoned_scope_run): a scope
     run's attempt, max_retries and window. No retry past max_retries, nor for a job whose exclusion
     window was written by hand and cannot be read (the scheduler goes on), nor for a plan run."""
-    from pgsched.clock import DbClock
-    from pgsched.store import Store
-
     shards.execute(ATTEMPT_SHARD)
     job = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', retry_period => '1 second', "
                           "max_retries => %s, scope_query => 'SELECT k FROM shards')",
                   0 if case == "max_retries" else 3))
     shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
     if case == "unreadable exclude":
-        shards.execute("ALTER TABLE pgsched.job DISABLE TRIGGER USER")
-        shards.execute("UPDATE pgsched.job SET exclude = 'not a window' WHERE job_id = %s", (job,))
-        shards.execute("ALTER TABLE pgsched.job ENABLE TRIGGER USER")
+        _write_by_hand(shards, "UPDATE pgsched.job SET exclude = 'not a window' WHERE job_id = %s", job)
     crashed = _scope_run_held_by_a_stopped_scheduler(shards, job, "" if case == "plan run" else "us")
-    store = Store(db, DbClock())
-    try:
-        me = store.register_instance("me", 1, "test", 1)
-        [found] = store.heartbeat(me, 1, timedelta(seconds=10), timedelta(0), []).abandoned
-    finally:
-        store.close()
+    found = _the_one_abandoned_run(db)
     assert found.run_id == crashed
     if case == "max_retries":
         assert (found.attempt, found.max_retries, found.exclude) == (1, 0, None)
@@ -522,22 +534,12 @@ def test_an_abandoned_run_of_a_job_with_an_absurd_retry_period_is_closed_and_the
     """A retry_period written by hand past what Python's timedelta holds (about 2.7 million years):
     the heartbeat reads the abandoned run as one whose schedule cannot be computed, the run is closed
     as a crash with its job disabled, and the scheduler runs the other jobs."""
-    from pgsched.clock import DbClock
-    from pgsched.store import Store
-
     shards.execute(ATTEMPT_SHARD)
     job = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', scope_query => 'SELECT k FROM shards')"))
     shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
     crashed = _scope_run_held_by_a_stopped_scheduler(shards, job, "")
-    shards.execute("ALTER TABLE pgsched.job DISABLE TRIGGER USER")
-    shards.execute("UPDATE pgsched.job SET retry_period = interval '3000000 years' WHERE job_id = %s", (job,))
-    shards.execute("ALTER TABLE pgsched.job ENABLE TRIGGER USER")
-    store = Store(db, DbClock())
-    try:
-        me = store.register_instance("me", 1, "test", 1)
-        [found] = store.heartbeat(me, 1, timedelta(seconds=10), timedelta(0), []).abandoned
-    finally:
-        store.close()
+    _write_by_hand(shards, "UPDATE pgsched.job SET retry_period = interval '3000000 years' WHERE job_id = %s", job)
+    found = _the_one_abandoned_run(db)
     assert (found.run_id, found.schedule) == (crashed, None) and "invalid schedule" in (found.problem or "")
     other = int(one(shards, "SELECT add_job('attempt_shard', '1 hour', scope_query => $$SELECT 'other'$$)"))
     serve(db, lambda: int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'other'")) >= 1, timeout=10)
