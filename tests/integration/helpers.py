@@ -1,9 +1,12 @@
-"""Helpers shared by the SQL API integration tests: queries, catalog snapshots, NOTIFY collection."""
+"""Helpers shared by the SQL API integration tests: queries, catalog snapshots, NOTIFY collection,
+statements on threads of their own and waiting for their lock waits."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -151,3 +154,29 @@ def mark_changed(conn: Conn, target: str) -> None:
     pgsched.job') look like an earlier release's text, so that init's next reapply replaces it
     (pgsched._replace_if_changed keeps the text's digest in the comment)."""
     conn.execute(sql.SQL("COMMENT ON {} IS 'an earlier release''s text'").format(sql.SQL(target)))
+
+
+def in_thread(db: str, sql_text: str, params: tuple[Any, ...]) -> tuple[threading.Thread, list[BaseException]]:
+    """`sql_text` run in a session of its own on a thread, started; the errors it raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(db, autocommit=True) as c:
+                c.execute(sql_text, params)
+        except BaseException as e:  # the caller asserts on them
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, errors
+
+
+def wait_for_a_lock_wait(api: Conn, marker: str) -> None:
+    """Until a session of this database whose statement holds `marker` waits for a lock."""
+    deadline = datetime.now() + timedelta(seconds=10)
+    while not scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND datname = current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
+                     (f"%{marker}%",)):
+        assert datetime.now() < deadline, f"no session running {marker!r} waited for a lock"
+        threading.Event().wait(0.02)

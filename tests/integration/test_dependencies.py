@@ -19,7 +19,16 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgsched import migrate
-from tests.integration.helpers import Conn, as_new_role, collect_notifications, rows, scalar, snapshot
+from tests.integration.helpers import (
+    Conn,
+    as_new_role,
+    collect_notifications,
+    in_thread,
+    rows,
+    scalar,
+    snapshot,
+    wait_for_a_lock_wait,
+)
 from tests.integration.test_core_sql_time import S, T, add_job, claim, register
 
 FORM = "job ids or names of jobs the job's owner may see"
@@ -436,32 +445,6 @@ def test_a_deletion_in_repeatable_read_that_missed_a_new_edge_fails_with_40001(a
     assert scalar(api, "SELECT count(*) FROM pgsched.job_dependency WHERE upstream_id = %s", (up,)) == 1
 
 
-def _in_thread(db: str, sql_text: str, params: tuple[Any, ...]) -> tuple[threading.Thread, list[BaseException]]:
-    """`sql_text` run in a session of its own on a thread, started; the errors it raised."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            with psycopg.connect(db, autocommit=True) as c:
-                c.execute(sql_text, params)
-        except BaseException as e:  # the caller asserts on them
-            errors.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, errors
-
-
-def _wait_for_a_lock_wait(api: Conn, marker: str) -> None:
-    """Until a session of this database whose statement holds `marker` waits for a lock."""
-    deadline = datetime.now() + timedelta(seconds=10)
-    while not scalar(api, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                          "AND datname = current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
-                     (f"%{marker}%",)):
-        assert datetime.now() < deadline, f"no session running {marker!r} waited for a lock"
-        threading.Event().wait(0.02)
-
-
 @pytest.mark.parametrize("change", ["add_job", "alter_job", "direct update"])
 def test_a_change_naming_an_upstream_deleted_meanwhile_is_refused_with_40001(api: Conn, db: str,
                                                                             change: str) -> None:
@@ -478,8 +461,8 @@ def test_a_change_naming_an_upstream_deleted_meanwhile_is_refused_with_40001(api
     with psycopg.connect(db, autocommit=True) as deleter:
         deleter.execute("BEGIN")
         deleter.execute("SELECT pgsched.delete_job(%s)", (up,))
-        t, errors = _in_thread(db, *statement)
-        _wait_for_a_lock_wait(api, "depends_on")  # it has read the upstream, and waits for the deletion
+        t, errors = in_thread(db, *statement)
+        wait_for_a_lock_wait(api, "depends_on")  # it has read the upstream, and waits for the deletion
         deleter.execute("COMMIT")
         t.join(10)
     assert len(errors) == 1 and isinstance(errors[0], psycopg.errors.SerializationFailure), errors
@@ -499,8 +482,8 @@ def test_a_dependent_that_drops_its_upstream_while_it_is_deleted_is_left_alone(a
     with psycopg.connect(db, autocommit=True) as changer:
         changer.execute("BEGIN")
         changer.execute("SELECT pgsched.alter_job(%s, depends_on => '{}')", (down,))
-        t, errors = _in_thread(db, "SELECT pgsched.delete_job(%s) /* dropped_up */", (up,))
-        _wait_for_a_lock_wait(api, "dropped_up")
+        t, errors = in_thread(db, "SELECT pgsched.delete_job(%s) /* dropped_up */", (up,))
+        wait_for_a_lock_wait(api, "dropped_up")
         changer.execute("COMMIT")
         t.join(10)
     assert errors == []
@@ -518,8 +501,8 @@ def test_a_deletion_and_an_alter_job_of_its_dependent_do_not_deadlock(api: Conn,
     with psycopg.connect(db, autocommit=True) as changer:
         changer.execute("BEGIN")
         changer.execute("SELECT pgsched.alter_job(%s, job_name => 'renamed')", (down,))
-        t, errors = _in_thread(db, "SELECT pgsched.delete_job(%s) /* locked_up */", (up,))
-        _wait_for_a_lock_wait(api, "locked_up")
+        t, errors = in_thread(db, "SELECT pgsched.delete_job(%s) /* locked_up */", (up,))
+        wait_for_a_lock_wait(api, "locked_up")
         changer.execute("SELECT pgsched.alter_job(%s, priority => 3)", (down,))
         changer.execute("COMMIT")
         t.join(10)
@@ -934,10 +917,10 @@ def test_pausing_one_upstream_while_another_is_deleted_does_not_deadlock(api: Co
     with psycopg.connect(db, autocommit=True) as holder:
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM pgsched.job_stat WHERE job_id = %s FOR UPDATE", (d,))
-        pause, pause_errors = _in_thread(db, "SELECT pgsched.alter_job(%s, scheduled => false) /* paused_p */", (p,))
-        _wait_for_a_lock_wait(api, "paused_p")
-        delete, delete_errors = _in_thread(db, "SELECT pgsched.delete_job(%s) /* deleted_u */", (u,))
-        _wait_for_a_lock_wait(api, "deleted_u")
+        pause, pause_errors = in_thread(db, "SELECT pgsched.alter_job(%s, scheduled => false) /* paused_p */", (p,))
+        wait_for_a_lock_wait(api, "paused_p")
+        delete, delete_errors = in_thread(db, "SELECT pgsched.delete_job(%s) /* deleted_u */", (u,))
+        wait_for_a_lock_wait(api, "deleted_u")
         holder.execute("COMMIT")
         pause.join(10)
         delete.join(10)
@@ -946,3 +929,48 @@ def test_pausing_one_upstream_while_another_is_deleted_does_not_deadlock(api: Co
                    "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (d,))[0]
     assert (st["depends_on"], st["scheduled"]) == ([p], False), st
     assert st["disabled_reason"].startswith(f"upstream job {u} (deleted_u) deleted"), st
+
+
+@pytest.mark.parametrize("other", ["upstream deleted", "alter_job", "job deleted"])
+def test_a_close_that_disables_its_job_meanwhile_another_change_takes_the_job_s_row_does_not_deadlock(
+        api: Conn, db: str, other: str) -> None:
+    """D has a run open (and runs after U). A session holds D's job_stat row; meanwhile D's close
+    disables it (max_retries reached, say), and U is deleted (which disables D too), D is changed by
+    alter_job, or D is deleted. The close takes D's row before its run and its job_stat row, as the
+    others take them, so when the session lets go both finish (before, the close took the job_stat row
+    first and D's row last, the others the other way round: 40P01). D ends disabled, its run closed;
+    named the deleted upstream, or with the change made and the close's reason; or gone."""
+    u = add_job(api, T + 3600 * S, job_name="deleted_u")
+    d = add_job(api, T, job_name="closing_d", depends_on=[str(u)] if other == "upstream deleted" else None)
+    me = register(api, T - S)
+    (run,) = claim(api, me, T)
+    assert run["job_id"] == d
+    change_sql = {"upstream deleted": ("SELECT pgsched.delete_job(%s) /* the change */", u),
+                  "alter_job": ("SELECT pgsched.alter_job(%s, priority => 3) /* the change */", d),
+                  "job deleted": ("SELECT pgsched.delete_job(%s) /* the change */", d)}[other]
+    with psycopg.connect(db, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM pgsched.job_stat WHERE job_id = %s FOR UPDATE", (d,))
+        close, close_errors = in_thread(
+            db, "SELECT pgsched._mark_end(%s, 'failure', NULL, 'boom', NULL, finished_at => %s, "
+                "disable_reason => 'max_retries reached', lease_token => %s) /* closing_d */",
+            (run["run_id"], T + S, run["lease_token"]))
+        wait_for_a_lock_wait(api, "closing_d")
+        change, change_errors = in_thread(db, change_sql[0], (change_sql[1],))
+        wait_for_a_lock_wait(api, "the change")
+        holder.execute("COMMIT")
+        close.join(10)
+        change.join(10)
+    assert close_errors == [] and change_errors == [], (close_errors, change_errors)
+    if other == "job deleted":
+        assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (d,)) == 0
+        assert scalar(api, "SELECT count(*) FROM pgsched.job WHERE job_id = %s", (d,)) == 0
+        return
+    st = rows(api, "SELECT j.depends_on, j.scheduled, j.priority, s.state, s.disabled_reason FROM pgsched.job j "
+                   "JOIN pgsched.job_stat s USING (job_id) WHERE job_id = %s", (d,))[0]
+    assert (st["depends_on"], st["scheduled"], st["state"]) == (None, False, "disabled"), st
+    if other == "upstream deleted":
+        assert st["disabled_reason"].startswith(f"upstream job {u} (deleted_u) deleted"), st
+    else:
+        assert (st["priority"], st["disabled_reason"]) == (3, "max_retries reached"), st
+    assert scalar(api, "SELECT outcome FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],)) == "failure"

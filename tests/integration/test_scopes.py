@@ -413,6 +413,46 @@ def test_a_scope_the_next_plan_queues_in_the_same_close_is_not_also_retried(api:
         {"scope": "b", "plan_time": T + 100 * S, "attempt": 1, "trigger": "schedule"}]
 
 
+@pytest.mark.parametrize("queues", ["a retry", "a plan's scopes"])
+def test_a_close_that_queues_scope_runs_while_their_job_is_deleted_does_not_deadlock(api: Conn, db: str,
+                                                                                      queues: str) -> None:
+    """A session holds a sharded job's job_stat row; meanwhile a close queues runs of the job (a failed
+    scope's retry, or a plan run's scopes) and the job is deleted. The close takes the job's row before
+    its run and its job_stat row, as delete_job does, so when the session lets go both finish (before,
+    the queued runs' foreign key took the job's row last, the deletion first: 40P01). The job and
+    every run of it are gone."""
+    import json
+
+    from tests.integration.helpers import in_thread, scalar, wait_for_a_lock_wait
+    from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+    sharded = add_job(api, T + 100 * S, scope_query="SELECT 1")
+    me = register(api, T - S)
+    if queues == "a retry":
+        api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
+                    "VALUES (%s, 'a', %s, 'schedule', 'queued')", (sharded, T))
+        [run] = claim(api, me, T + S)
+        end = {"outcome": "failure", "sqlstate": "P0001", "message": "x", "retry_at": (T + 10 * S).isoformat()}
+    else:
+        [run] = claim(api, me, T + 100 * S)
+        end = {"outcome": "success", "next_start": (T + 160 * S).isoformat(), "schedule_delay_s": 0.0,
+               "scopes": ["a", "b"]}
+    end |= {"run_id": run["run_id"], "finished_at": (T + 101 * S).isoformat(), "lease_token": run["lease_token"]}
+    with psycopg.connect(db, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM pgsched.job_stat WHERE job_id = %s FOR UPDATE", (sharded,))
+        close, close_errors = in_thread(db, "SELECT * FROM pgsched._close_runs(%s) /* closing */", (json.dumps([end]),))
+        wait_for_a_lock_wait(api, "closing")
+        delete, delete_errors = in_thread(db, "SELECT pgsched.delete_job(%s) /* deleting */", (sharded,))
+        wait_for_a_lock_wait(api, "deleting")
+        holder.execute("COMMIT")
+        close.join(10)
+        delete.join(10)
+    assert close_errors == [] and delete_errors == [], (close_errors, delete_errors)
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (sharded,)) == 0
+    assert scalar(api, "SELECT count(*) FROM pgsched.job WHERE job_id = %s", (sharded,)) == 0
+
+
 # `attempt_shard` writes its scope and attempt as the effect's setting.
 ATTEMPT_SHARD = """CREATE PROCEDURE public.attempt_shard(job_id int, config jsonb) LANGUAGE sql AS $$
                    INSERT INTO effects SELECT job_id, config->>'scope', h.attempt::text, now()
