@@ -428,6 +428,7 @@ def test_a_close_that_queues_scope_runs_while_their_job_is_deleted_does_not_dead
 
     sharded = add_job(api, T + 100 * S, scope_query="SELECT 1")
     me = register(api, T - S)
+    end: dict[str, Any]
     if queues == "a retry":
         api.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
                     "VALUES (%s, 'a', %s, 'schedule', 'queued')", (sharded, T))
