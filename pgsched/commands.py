@@ -5,6 +5,7 @@ The program starts in pgsched/cli.py, which may have started `serve`'s fork serv
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -16,17 +17,50 @@ import click
 import psycopg
 
 from pgsched import __version__, migrate
-from pgsched.config import dsn_problem, redact, resolve_dsn
+from pgsched.config import dsn_problem, redact, resolve_dsn, scrub
 from pgsched.errors import PgschedError, first_line
 from pgsched.settings import MAX_WORKER_SESSIONS
 
 
+def _hint(param: click.Parameter) -> str:
+    """How an error names an option: its long name, and its environment variable (EnvCommand)."""
+    name = max(param.opts, key=len)
+    envvar = getattr(param, "envvar", None)
+    return f"{name} (or {envvar})" if isinstance(envvar, str) else name
+
+
 def _checked_dsn(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """--dsn (or PGSCHED_DSN, EnvCommand), refused before any use if libpq cannot parse it, with a
-    message that quotes none of it: it may hold a password."""
+    """--dsn (or PGSCHED_DSN, EnvCommand), or another connection string, refused before any use if
+    libpq cannot parse it, with a message that quotes none of it: it may hold a password."""
     if value and (problem := dsn_problem(value)):
-        raise click.BadParameter(problem, ctx=ctx, param_hint="--dsn (or PGSCHED_DSN)")
+        raise click.BadParameter(problem, ctx=ctx, param_hint=_hint(param))
     return value
+
+
+class Text(click.types.StringParamType):
+    """Click's text, refused when it is not UTF-8 (the bytes of another encoding on the command line
+    or in the environment, which Python carries as lone surrogates and nothing downstream can send)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        try:
+            rv.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = rv.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            self.fail(f"'{shown}' is not valid UTF-8 text", param, ctx)
+        return rv
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds of at least `min`: a float range that also refuses nan and infinity
+    (which click's FloatRange lets through: no comparison with nan is false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a number of seconds: give a finite number of at least {self.min:g}",
+                      param, ctx)
+        return rv
 
 
 def _checked_job(ctx: click.Context, param: click.Parameter, value: str | tuple[str, ...] | None
@@ -52,6 +86,8 @@ class EnvCommand(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for p in self.params:
+            if p.type is click.STRING:
+                p.type = Text()
             if isinstance(p, click.Option) and p.envvar is None:
                 long = max(p.opts, key=len).lstrip("-")
                 p.envvar = "PGSCHED_" + long.upper().replace("-", "_")
@@ -59,7 +95,10 @@ class EnvCommand(click.Command):
 
 
 class EnvGroup(click.Group):
+    """A group whose commands, and whose groups' commands, are EnvCommands."""
+
     command_class = EnvCommand
+    group_class = type  # its groups are EnvGroups too
 
 
 @click.group(cls=EnvGroup)
@@ -163,9 +202,9 @@ def _embedded_dsn() -> str:
               help="Runs at once (default 8 per CPU core, at most 16).")
 @click.option("--worker-sessions", type=click.IntRange(1, MAX_WORKER_SESSIONS), default=None,
               help="Sessions each worker keeps, one per job owner and database it ran lately (default 4).")
-@click.option("--shutdown-timeout", type=click.FloatRange(0), default=None,
+@click.option("--shutdown-timeout", type=Seconds(0), default=None,
               help="Seconds SIGTERM waits for running jobs before cancelling them (default 30).")
-@click.option("--crash-wait", type=click.FloatRange(0), default=None,
+@click.option("--crash-wait", type=Seconds(0), default=None,
               help="After start-up, seconds before a job whose run crashed runs again (default 300).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML file of settings and of any of these options (dsn without a password); SIGHUP "
@@ -323,7 +362,7 @@ def _ops(dsn: str | None) -> Iterator[Any]:
         with query.connect(target) as conn:
             yield conn
     except (PgschedError, psycopg.Error) as e:
-        _fail(query.scrub(first_line(e), target))
+        _fail(scrub(first_line(e), target))
 
 
 def _job(conn: Any, ref: str) -> Any:
@@ -367,7 +406,7 @@ def history(job: str | None, dsn: str | None, outcome: str | None, since: str | 
     from pgsched.ops import query, render
 
     try:
-        window = query.parse_duration(since, "--since") if since else None
+        window = query.parse_duration(since, "--since") if since is not None else None
     except ValueError as e:
         raise click.BadParameter(str(e).split(": ", 1)[1], param_hint="--since") from None
     with _ops(dsn) as conn:
@@ -398,6 +437,9 @@ def next_cmd(job: str | None, expr: str | None, timezone: str | None, count: int
 
     if (job is None) == (expr is None):
         raise click.UsageError("give either JOB or --schedule EXPR")
+    if timezone is not None and not timezone.strip():
+        raise click.BadParameter("is blank: give an IANA time zone such as 'Europe/Berlin' or 'UTC', or leave "
+                                 "it out for UTC", param_hint="--timezone")
     try:
         if expr is not None:
             s = upcoming.parse(expr, timezone)
@@ -410,9 +452,10 @@ def next_cmd(job: str | None, expr: str | None, timezone: str | None, count: int
                 now = query.db_now(conn)
             starts = upcoming.job_starts(row, now=now, n=count)
     except schedule.ScheduleError as e:
-        raise click.BadParameter(str(e), param_hint="--schedule" if expr else "JOB") from None
+        where = "JOB" if expr is None else "--timezone" if e.argument == "timezone" else "--schedule"
+        raise click.BadParameter(str(e), param_hint=where) from None
     except (OverflowError, ValueError) as e:  # datetime's own: a plan after the year 9999
-        where = "--schedule" if expr else "JOB"
+        where = "--schedule" if expr is not None else "JOB"
         raise click.BadParameter(f"its next starts fall beyond the year 9999 ({e})", param_hint=where) from None
     if as_json:
         render.emit_json(starts)
@@ -426,9 +469,13 @@ def _set_scheduled(dsn: str | None, refs: tuple[str, ...], scheduled: bool) -> N
 
     with _ops(dsn) as conn:
         found = [_job(conn, r) for r in refs]  # every JOB checked before anything is written
-        for j in found:
-            query.set_scheduled(conn, j.job_id, scheduled)
-            click.echo(f"job {j.job_id} ({j.job_name}) {'resumed' if scheduled else 'paused'}")
+        # One transaction: a job this role may see but not change (alter_job refuses it) leaves
+        # the others as they were.
+        with conn.transaction():
+            for j in found:
+                query.set_scheduled(conn, j.job_id, scheduled)
+    for j in found:
+        click.echo(f"job {j.job_id} ({j.job_name}) {'resumed' if scheduled else 'paused'}")
 
 
 @main.command()
@@ -447,7 +494,7 @@ def resume(jobs_: tuple[str, ...], dsn: str | None) -> None:
     _set_scheduled(dsn, jobs_, True)
 
 
-wait_option = click.option("--wait", type=click.FloatRange(0), default=10.0, show_default=True,
+wait_option = click.option("--wait", type=Seconds(0), default=10.0, show_default=True,
                            help="Seconds to wait for a scheduler to act (0: do not wait).")
 
 
@@ -560,8 +607,8 @@ def status(dsn: str | None, as_json: bool) -> None:
             errors = query.last_errors(conn)
     except (PgschedError, psycopg.Error) as e:
         if as_json:
-            render.emit_json({"status": "down", "code": 2, "reasons": [query.scrub(first_line(e), target)]})
-        _fail(query.scrub(first_line(e), target), 2)
+            render.emit_json({"status": "down", "code": 2, "reasons": [scrub(first_line(e), target)]})
+        _fail(scrub(first_line(e), target), 2)
     verdict = health.judge(inst, job_rows, now)
     failing = [j for j in job_rows if j["consecutive_failures"] or j["consecutive_crashes"]]
     disabled = [j for j in job_rows if j["state"] == "disabled" and j["disabled_reason"]]
@@ -593,7 +640,7 @@ def status(dsn: str | None, as_json: bool) -> None:
 @main.command()
 @dsn_option
 @click.option("--count", type=click.IntRange(1), default=None, help="Exit after this many events.")
-@click.option("--timeout", type=click.FloatRange(0), default=None, help="Exit after this many seconds without one.")
+@click.option("--timeout", type=Seconds(0), default=None, help="Exit after this many seconds without one.")
 @json_option
 def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bool) -> None:
     """Print failures, timeouts, crashes and disabled jobs as they happen (pgsched_events).
@@ -622,12 +669,12 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
                         shown += 1
                 return
             except psycopg.OperationalError as e:
-                click.echo(f"connection lost ({query.scrub(first_line(e), target)}); reconnecting in {pause:.1f}s",
+                click.echo(f"connection lost ({scrub(first_line(e), target)}); reconnecting in {pause:.1f}s",
                            err=True)
                 time.sleep(pause)
                 pause = min(10.0, pause * 2)
             except (PgschedError, psycopg.Error) as e:
-                _fail(query.scrub(first_line(e), target))
+                _fail(scrub(first_line(e), target))
     except KeyboardInterrupt:
         pass
 
@@ -637,9 +684,9 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve the dashboard on.")
 @click.option("--single-user", is_flag=True,
               help="No sign-in: act as the DSN's role (loopback addresses only).")
-@click.option("--session-idle", type=click.FloatRange(10), default=1800.0, show_default=True,
+@click.option("--session-idle", type=Seconds(10), default=1800.0, show_default=True,
               help="A session ends after this many seconds without a request.")
-@click.option("--session-lifetime", type=click.FloatRange(60), default=8 * 3600.0, show_default=True,
+@click.option("--session-lifetime", type=Seconds(60), default=8 * 3600.0, show_default=True,
               help="A session ends this many seconds after sign-in.")
 def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, session_lifetime: float) -> None:
     """The web dashboard (needs `pip install 'pgsched[web]'`): sign in with a PostgreSQL role."""
@@ -654,9 +701,7 @@ def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, se
     try:
         server.serve(target, listen, single_user=single_user, idle=session_idle, lifetime=session_lifetime)
     except (PgschedError, psycopg.Error) as e:
-        from pgsched.ops import query
-
-        _fail(query.scrub(first_line(e), target))
+        _fail(scrub(first_line(e), target))
 
 
 @main.group("import")
@@ -665,9 +710,9 @@ def import_group() -> None:
 
 
 @import_group.command("pg-cron")
-@click.option("--dsn", "source", required=True,
+@click.option("--dsn", "source", required=True, callback=_checked_dsn,
               help="libpq connection string of the database where pg_cron runs (its cron.database_name).")
-@click.option("--target", default=None,
+@click.option("--target", default=None, callback=_checked_dsn,
               help="pgsched's database when it is not that one (then --disable-source is refused).")
 @click.option("--history", is_flag=True, help="Also copy cron.job_run_details into pgsched's history.")
 @click.option("--disable-source", is_flag=True,
@@ -676,10 +721,16 @@ def import_pg_cron(source: str, target: str | None, history: bool, disable_sourc
     """Create pgsched jobs from pg_cron's cron.job in one transaction; safe to run again."""
     from pgsched.pgcron_import import import_pg_cron as run_import
 
+    for value, name in ((source, "--dsn"), (target, "--target")):
+        if value is not None and not value.strip():
+            raise click.BadParameter("is blank: give a libpq connection string (host=db dbname=app ...) or a URI",
+                                     param_hint=name)
     try:
         report = run_import(source, target, history=history, disable_source=disable_source)
     except (PgschedError, psycopg.Error) as e:
-        raise click.ClickException(f"{redact(source)}: {str(e).strip()}") from None
+        # Its connection errors name the database and DSN (password removed); a driver message
+        # from later may still echo a password.
+        raise click.ClickException(scrub(scrub(str(e).strip(), source), target or "")) from None
     for line in report.lines():
         click.echo(line)
 

@@ -7,6 +7,7 @@ conninfo string hands to libpq unchanged.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +51,15 @@ def dsn_problem(dsn: str) -> str | None:
                 "a value with spaces in single quotes) or a URI (postgresql://user@host/dbname, with "
                 "special characters percent-encoded)")
     return None
+
+
+def scrub(text: str, dsn: str) -> str:
+    """`text` with the DSN's password replaced, wherever a driver message may have echoed it."""
+    try:
+        password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        return text
+    return text.replace(str(password), "***") if password else text
 
 
 def redact(dsn: str) -> str:
@@ -112,7 +122,8 @@ def read_settings_file(path: str) -> dict[str, object]:
             raise ConfigError(f"{path}: unknown setting {key!r}; known: "
                               f"{', '.join(sorted([*FILE_SETTINGS, *SERVE_OPTIONS]))}")
         zero_ok = key in ZERO_MEANS_OFF
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0 or (value == 0 and not zero_ok):
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0 \
+                or (value == 0 and not zero_ok):
             raise ConfigError(f"{path}: {key} must be a positive number{' or 0 (off)' if zero_ok else ''}, "
                               f"not {value!r}")
         out[key] = kind(value)

@@ -193,6 +193,9 @@ def scripts(version: str = __version__, sql_dir: Path | None = None,
 
 def sharedir(pg_config: str | None) -> Path:
     """The server's extension directory, from its pg_config (a path, or the one on PATH)."""
+    if pg_config is not None and not pg_config.strip():
+        raise ExtensionError("pg_config: --pg-config is blank; give the server's pg_config, for example "
+                             "/usr/lib/postgresql/16/bin/pg_config, or leave it out for the one on PATH")
     exe = pg_config or shutil.which("pg_config")
     if exe is None or not Path(exe).exists():
         raise ExtensionError(
@@ -201,7 +204,11 @@ def sharedir(pg_config: str | None) -> Path:
     out = subprocess.run([exe, "--sharedir", "--version"], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise ExtensionError(f"pg_config: {exe} failed: {out.stderr.strip() or out.stdout.strip()}")
-    share, server = out.stdout.splitlines()[:2]
+    lines = out.stdout.splitlines()
+    if len(lines) < 2 or not lines[1].startswith("PostgreSQL "):
+        raise ExtensionError(f"pg_config: {exe} is not a PostgreSQL server's pg_config (`--sharedir --version` "
+                             "printed no directory and version)")
+    share, server = lines[:2]
     try:
         migrate.check_server_version(server)
     except SchemaVersionMismatch as e:

@@ -28,7 +28,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgsched.errors import PgschedError
+from pgsched.config import redact, scrub
+from pgsched.errors import PgschedError, first_line
 
 
 class ImportRefused(PgschedError):
@@ -154,6 +155,14 @@ def _translate(cur: psycopg.Cursor[Any], here: str, source: str, job: dict[str, 
         return None
 
 
+def _connect(dsn: str, which: str) -> psycopg.Connection[tuple[Any, ...]]:
+    """A connection to `which` database; an error names it and its DSN, without the password."""
+    try:
+        return psycopg.connect(dsn)
+    except psycopg.Error as e:
+        raise ImportRefused(f"cannot connect to {which} {redact(dsn)}: {scrub(first_line(e), dsn)}") from None
+
+
 class _Skip(Exception):
     """One job cannot be imported (the reason is the message)."""
 
@@ -166,8 +175,8 @@ def import_pg_cron(source_dsn: str, target_dsn: str | None, *, history: bool, di
         raise ImportRefused("--disable-source switches over in one transaction, which needs pgsched in the database "
                             "that holds cron.job: leave out --target (install pgsched there), or import without "
                             "--disable-source and set the pg_cron jobs inactive yourself")
-    with psycopg.connect(source_dsn) as src:
-        tgt = src if same else psycopg.connect(target_dsn or "")
+    with _connect(source_dsn, "pg_cron's database (--dsn)") as src:
+        tgt = src if same else _connect(target_dsn or "", "pgsched's database (--target)")
         try:
             source, jobs = _read_source(src)
             with tgt.cursor(row_factory=dict_row) as cur:

@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
 from pgsched import migrate
-from pgsched.config import redact
+from pgsched.config import redact, scrub
 from pgsched.errors import PgschedError, first_line
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -34,15 +34,6 @@ class JobNotFound(PgschedError):
 
 class AmbiguousJob(PgschedError):
     """Several visible jobs have that name (of different owners)."""
-
-
-def scrub(text: str, dsn: str) -> str:
-    """`text` with the DSN's password replaced, wherever a driver message may have echoed it."""
-    try:
-        password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.ProgrammingError:
-        return text
-    return text.replace(str(password), "***") if password else text
 
 
 class _EdgeTimestamptzLoader(TimestamptzLoader):
@@ -87,7 +78,7 @@ class JobRef:
 
 def resolve_job(conn: Conn, ref: str) -> JobRef:
     """A job by id (digits) or by name, among the jobs this role may see."""
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit():  # not '²' or other digits int() refuses
         rows = conn.execute("SELECT job_id, job_name FROM pgsched.jobs WHERE job_id = %s", (int(ref),)).fetchall()
     else:
         rows = conn.execute("SELECT job_id, job_name, owner::text AS owner FROM pgsched.jobs WHERE job_name = %s "
@@ -235,13 +226,16 @@ def run_outcomes(conn: Conn, run_ids: list[int]) -> dict[int, str]:
 
 
 def event_details(conn: Conn, run_id: int | None, job_id: int) -> Row | None:
-    """What an event's ids stand for, as far as this role may see (None: not visible)."""
+    """What an event's ids stand for, as far as this role may see (None: not visible): the job's
+    name and state, and the run's outcome, attempt, plan time and error."""
     if run_id is not None:
         return conn.execute(
-            "SELECT h.job_name, h.sqlstate, split_part(h.message, E'\\n', 1) AS message, s.disabled_reason "
+            "SELECT h.job_id, h.job_name, h.outcome, h.attempt, h.plan_time, h.sqlstate, "
+            "       split_part(h.message, E'\\n', 1) AS message, s.state, s.disabled_reason "
             "  FROM pgsched.job_history h JOIN pgsched.job_stats s ON s.job_id = h.job_id WHERE h.run_id = %s",
             (run_id,)).fetchone()
-    return conn.execute("SELECT job_name, NULL AS sqlstate, NULL AS message, disabled_reason "
+    return conn.execute("SELECT job_id, job_name, NULL AS outcome, NULL AS attempt, NULL AS plan_time, "
+                        "       NULL AS sqlstate, NULL AS message, state, disabled_reason "
                         "  FROM pgsched.job_stats WHERE job_id = %s", (job_id,)).fetchone()
 
 
@@ -249,8 +243,14 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)", re.IGNORECASE)
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+# The longest duration a window may be: a century reaches back past any history kept, and its
+# start stays within what PostgreSQL's timestamps and Python's timedelta can hold.
+MAX_DURATION_DAYS = 36_525
+
+
 def parse_duration(text: str, argument: str) -> timedelta:
-    """'90s', '15m', '1h', '2d', '1w', or combinations ('1h30m'); ValueError naming the argument."""
+    """'90s', '15m', '1h', '2d', '1w', or combinations ('1h30m'), up to MAX_DURATION_DAYS;
+    ValueError naming the argument."""
     pos, total = 0, 0.0
     text = text.strip()
     for m in _DURATION.finditer(text):
@@ -261,4 +261,7 @@ def parse_duration(text: str, argument: str) -> timedelta:
     if not text or pos != len(text) or total <= 0:
         raise ValueError(f"{argument}: {text!r} is not a duration; use a number and a unit s, m, h, d or w "
                          "(e.g. 90s, 15m, 1h30m, 2d)")
+    if not total <= MAX_DURATION_DAYS * 86400:  # (an overflow to infinity included)
+        raise ValueError(f"{argument}: {text!r} is longer than a duration may be; give at most "
+                         f"{MAX_DURATION_DAYS}d")
     return timedelta(seconds=total)

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _plain(value: Any) -> Any:
@@ -53,7 +54,9 @@ def table(title: str | None, rows: Sequence[dict[str, Any]], columns: Sequence[t
     for _, header in columns:
         t.add_column(header, overflow="fold")
     for r in rows:
-        t.add_row(*(cell(r.get(key)) for key, _ in columns))
+        # Text, not str: what the database holds (a job's name, an error) is shown as written,
+        # never read as rich's markup ('[/x]' would fail the whole table).
+        t.add_row(*(Text(cell(r.get(key))) for key, _ in columns))
     out.print(t)
 
 

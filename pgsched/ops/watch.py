@@ -12,6 +12,8 @@ from typing import Any
 from pgsched.ops import query
 
 CHANNEL = "pgsched_events"
+EVENTS = ("run_end", "job_disabled")  # README "Events"
+FAILED = ("failure", "timeout", "crash", "cancelled")  # the outcomes a run_end is sent for
 
 
 def follow(conn: query.Conn, *, limit: int | None = None, timeout: float | None = None,
@@ -36,22 +38,40 @@ def follow(conn: query.Conn, *, limit: int | None = None, timeout: float | None 
                 yield event
 
 
+def _id(value: Any) -> int | None:
+    """An id as the payload must carry it: a JSON integer (None: anything else)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
+    """The event a payload announces, or None. Anyone may NOTIFY on the channel, so only the kind
+    and the ids are taken from it; all else is read through the views, and an event they do not
+    bear out (no such run of that job, a run that did not fail, a job that is not disabled) is
+    dropped, as is one this role may not see."""
     try:
         event = json.loads(payload)
-        job_id = int(event["job_id"])
-        run_id = None if event.get("run_id") is None else int(event["run_id"])
-    except (ValueError, KeyError, TypeError):
-        return None  # not one of ours (anyone may NOTIFY on the channel)
-    details = query.event_details(conn, run_id, job_id)
-    if details is None:
+    except ValueError:
         return None
-    return {**event, **details}
+    if not isinstance(event, dict) or event.get("event") not in EVENTS:
+        return None
+    job_id, run_id = _id(event.get("job_id")), _id(event.get("run_id"))
+    if job_id is None or (event.get("run_id") is not None and run_id is None) or \
+            (event["event"] == "run_end" and run_id is None):
+        return None
+    details = query.event_details(conn, run_id, job_id)
+    if details is None or details["job_id"] != job_id:
+        return None
+    if event["event"] == "run_end" and details["outcome"] not in FAILED:
+        return None
+    if event["event"] == "job_disabled" and details["state"] != "disabled":
+        return None
+    return {"event": event["event"], "run_id": run_id, **details}
 
 
 def text(e: dict[str, Any]) -> str:
     """One line for a person."""
-    head = f"{e.get('plan_time') or '-'} job {e['job_id']} ({e.get('job_name')})"
+    plan = e.get("plan_time")
+    head = f"{plan.isoformat() if plan is not None else '-'} job {e['job_id']} ({e.get('job_name')})"
     if e["event"] == "job_disabled":
         return f"{head} DISABLED: {e.get('disabled_reason') or 'no reason recorded'}"
     err = f" [{e['sqlstate']}]" if e.get("sqlstate") else ""

@@ -50,3 +50,10 @@ def test_purge_interval_may_be_zero_to_turn_the_purge_off_and_nothing_else_may(t
     with pytest.raises(ConfigError, match="max_workers must be a positive number, not 0"):
         read_settings_file(write(tmp_path, "max_workers = 0\n"))
 
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "+inf", "-inf"])
+def test_a_setting_is_a_finite_number(tmp_path: Path, value: str) -> None:
+    """TOML has nan and inf; no comparison refused nan, and an infinite wait is none."""
+    with pytest.raises(ConfigError, match=f"shutdown_timeout must be a positive number, not {value.lstrip('+')}"):
+        read_settings_file(write(tmp_path, f"shutdown_timeout = {value}\n"))
