@@ -324,7 +324,7 @@ def run_cmd(job_id: int, dsn: str | None, apps: tuple[str, ...]) -> None:
     try:
         result = pyjob.run_now(target, job_id)
     except (PgschedError, psycopg.Error) as e:
-        raise click.ClickException(str(e).strip()) from None
+        raise click.ClickException(scrub(str(e).strip(), target)) from None
     if not result.ok:
         raise click.ClickException(f"job {job_id} failed: {result.message}")
     click.echo(f"job {job_id} succeeded" + (f": {result.result}" if result.result is not None else ""))
