@@ -65,11 +65,15 @@ def _read_source(conn: psycopg.Connection[Any]) -> tuple[str, list[dict[str, Any
         if cur.fetchone() is None:
             raise ImportRefused("the source database has no pg_cron extension (it lives in the database named "
                                 "by pg_cron's cron.database_name)")
-        cur.execute("SELECT current_database() AS db")
+        # The names pg_cron gives this server's own jobs (nodename: its cron.host, 'localhost' by
+        # default; nodeport: the server's port): a job with another runs on another server.
+        cur.execute("SELECT current_database() AS db, current_setting('port')::int AS port, "
+                    "coalesce(current_setting('cron.host', true), 'localhost') AS host")
         row = cur.fetchone()
         assert row is not None
-        cur.execute("SELECT jobid, schedule, command, nodename, database, username, active, jobname "
-                    "FROM cron.job ORDER BY jobid FOR UPDATE")
+        cur.execute("SELECT jobid, schedule, command, nodename, nodeport, database, username, active, jobname, "
+                    "       nodename IN ('localhost', %s) AND nodeport = %s AS here "
+                    "FROM cron.job ORDER BY jobid FOR UPDATE", (row["host"], row["port"]))
         return str(row["db"]), list(cur.fetchall())
 
 
@@ -91,6 +95,10 @@ def _translate(cur: psycopg.Cursor[Any], here: str, source: str, job: dict[str, 
                disable_source: bool, report: ImportReport) -> int | None:
     """Create or update the pgsched job of one pg_cron job; its id, or None (listed in report.skipped)."""
     jobid, name = int(job["jobid"]), job["jobname"]
+    if not job["here"]:
+        report.skipped.append((jobid, name, f"it runs on another server ({job['nodename']}:{job['nodeport']}); "
+                                            "pgsched runs a job on the server of its own database"))
+        return None
     # A job in another database keeps it (pgsched's `database` setting: its runs' sessions open there).
     db = job["database"] or source
     database = None if db == here else db
@@ -146,8 +154,9 @@ def _translate(cur: psycopg.Cursor[Any], here: str, source: str, job: dict[str, 
         cur.execute("RESET ROLE")
         cur.execute("RELEASE SAVEPOINT pg_cron_job")
         return job_id
-    except (_Skip, psycopg.errors.DataException, psycopg.errors.SyntaxErrorOrAccessRuleViolation,
-            psycopg.errors.UndefinedObject) as e:
+    except (_Skip, psycopg.Error) as e:
+        if isinstance(e, psycopg.Error) and (e.sqlstate or "")[:2] not in _REFUSED:
+            raise
         cur.execute("ROLLBACK TO SAVEPOINT pg_cron_job")
         cur.execute("RESET ROLE")
         why = str(e) if isinstance(e, _Skip) else (e.diag.message_primary or str(e))
@@ -161,6 +170,12 @@ def _connect(dsn: str, which: str) -> psycopg.Connection[tuple[Any, ...]]:
         return psycopg.connect(dsn)
     except psycopg.Error as e:
         raise ImportRefused(f"cannot connect to {which} {redact(dsn)}: {scrub(first_line(e), dsn)}") from None
+
+
+# What pgsched's API refuses a job with (by SQLSTATE class): bad data (22: a schedule it does not
+# take, such as '@reboot'), bad names and rights (42), a database that is not there (3D). That job
+# is listed and left with pg_cron; any other error stops the import, writing nothing.
+_REFUSED = ("22", "42", "3D")
 
 
 class _Skip(Exception):

@@ -180,3 +180,37 @@ def test_compat_schema_is_refused_beside_pg_cron(cron_cluster: Cluster) -> None:
         c.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
         with pytest.raises(PgCronConflict, match=r"the pg_cron extension \(version [0-9.-]+\) is installed"):
             migrate.init(c, pg_cron_compat=True)
+
+
+def test_a_job_pgsched_cannot_take_is_listed_and_the_others_are_imported(cron_cluster: Cluster) -> None:
+    """pg_cron jobs pgsched refuses (an '@reboot' schedule) or that run on another server (nodename
+    and nodeport pg_cron connects to) are listed with the reason and stay with pg_cron; the job
+    beside them is imported. (Before, a refusal of another SQLSTATE than the few caught stopped the
+    whole import, and a job of another server was imported to run here.)"""
+    from pgsched import migrate
+
+    dsn = cron_cluster.dsn(SOURCE_DB)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
+        migrate.init(c)
+        jobid: dict[str, int] = {}
+        for name, schedule in (("at_boot", "@reboot"), ("elsewhere_node", "0 3 * * *"), ("taken", "0 4 * * *")):
+            row = c.execute("SELECT cron.schedule(%s, %s, 'SELECT 1')", (name, schedule)).fetchone()
+            assert row is not None
+            jobid[name] = int(row[0])
+        c.execute("UPDATE cron.job SET nodename = 'db2.example.internal' WHERE jobid = %s", (jobid["elsewhere_node"],))
+    try:
+        out = import_cli(dsn)
+        assert f"NOT imported: pg_cron job {jobid['at_boot']} ('at_boot'): invalid schedule: '@reboot'" in out, out
+        assert (f"NOT imported: pg_cron job {jobid['elsewhere_node']} ('elsewhere_node'): it runs on another server "
+                f"(db2.example.internal:") in out, out
+        names = {r["job_name"]: r for r in pgsched_jobs(dsn)}
+        assert "taken" in names and names["taken"]["schedule"] == "0 4 * * *"
+        assert "at_boot" not in names and "elsewhere_node" not in names
+        assert {r["jobname"]: r["active"] for r in cron_jobs(dsn) if r["jobname"] in jobid} == {
+            "at_boot": True, "elsewhere_node": True, "taken": True}
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for j in jobid.values():
+                c.execute("SELECT cron.unschedule(%s)", (j,))
+            c.execute("DELETE FROM pgsched.job WHERE job_name = 'taken'")
