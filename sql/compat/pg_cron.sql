@@ -108,15 +108,17 @@ BEGIN
 END
 $$;
 
+-- schedule and unschedule are STRICT, as pg_cron's: a NULL argument gives NULL and does nothing
+-- (cron.unschedule((SELECT jobid FROM cron.job WHERE jobname = 'gone')) is the usual idempotent call).
 CREATE OR REPLACE FUNCTION cron.schedule(schedule text, command text)
-RETURNS bigint LANGUAGE sql
+RETURNS bigint LANGUAGE sql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched.schedule(schedule => schedule, command => command)
 $$;
 
 -- The same name again (for the same role) updates that job: pgsched.schedule does that.
 CREATE OR REPLACE FUNCTION cron.schedule(job_name text, schedule text, command text)
-RETURNS bigint LANGUAGE sql
+RETURNS bigint LANGUAGE sql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched.schedule(job_name => job_name, schedule => schedule, command => command)
 $$;
@@ -142,7 +144,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION cron.unschedule(job_id bigint)
-RETURNS boolean LANGUAGE plpgsql
+RETURNS boolean LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM cron._own_job(job_id);
@@ -151,7 +153,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION cron.unschedule(job_name text)
-RETURNS boolean LANGUAGE sql
+RETURNS boolean LANGUAGE sql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched.unschedule(job_name => job_name)
 $$;

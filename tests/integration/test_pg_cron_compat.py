@@ -218,6 +218,18 @@ def test_run_details_map_outcomes(cron_db: Setup) -> None:
     assert scalar(cron_db.user, "SELECT count(*) FROM cron.job_run_details") == 0
 
 
+def test_schedule_and_unschedule_of_null_give_null_and_do_nothing(cron_db: Setup) -> None:
+    """As pg_cron's (STRICT): unscheduling a job looked up by a name that is gone is a no-op."""
+    a = cron_db.admin
+    scalar(a, "SELECT cron.schedule('kept', '0 3 * * *', 'SELECT 1')")
+    before = snapshot(a)
+    for call in ("cron.unschedule((SELECT jobid FROM cron.job WHERE jobname = 'gone'))", "cron.unschedule(NULL::text)",
+                 "cron.schedule(NULL, 'SELECT 1')", "cron.schedule('n', NULL, 'SELECT 1')",
+                 "cron.schedule('n', '0 3 * * *', NULL)"):
+        assert scalar(a, f"SELECT {call}") is None, call
+    assert snapshot(a) == before
+
+
 def test_install_is_refused_beside_the_pg_cron_extension_or_a_foreign_cron_schema(db: str) -> None:
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("CREATE SCHEMA cron")
