@@ -252,6 +252,53 @@ BEGIN
 END
 $$;
 
+-- pg_cron lets each user delete its own rows of cron.job_run_details: the cleanup its README
+-- suggests scheduling (DELETE FROM cron.job_run_details WHERE end_time < now() - interval '7 days').
+-- Here the rows are pgsched's history (which its retention purges anyway): deleting one through the
+-- view deletes that run, if it has ended and its job is one the session's role may act for
+-- (pgsched._check_may_act: its owner, a role that may SET ROLE to it, a superuser). A row that keeps
+-- a run from happening twice (pgsched._kept_in_place: a run trigger_job started on a scheduler, an
+-- @restart job's run) stays for the purge and is not counted as deleted.
+CREATE OR REPLACE FUNCTION cron._forget_run(run_id bigint)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job integer;
+BEGIN
+    SELECT r.job_id INTO job FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
+     WHERE r.run_id = _forget_run.run_id AND j.kind = 'command';
+    IF job IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM pgsched._check_may_act(job);
+    DELETE FROM pgsched.job_run r USING pgsched.job j
+     WHERE r.run_id = _forget_run.run_id AND j.job_id = r.job_id AND r.outcome NOT IN ('running', 'queued')
+       AND NOT pgsched._kept_in_place(r.trigger, r.instance_id, j.schedule, r.scope);
+    RETURN FOUND;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cron._delete_run_details()
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN CASE WHEN cron._forget_run(OLD.runid) THEN OLD END;
+END
+$$;
+
+-- The first time (a new schema, or one from before this trigger): DELETE for every role, as
+-- pg_cron grants it; a later REVOKE stays.
+DO $delete$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+                    WHERE tgrelid = 'cron.job_run_details'::regclass AND tgname = 'job_run_details_delete') THEN
+        GRANT DELETE ON cron.job_run_details TO PUBLIC;
+    END IF;
+END
+$delete$;
+CREATE OR REPLACE TRIGGER job_run_details_delete INSTEAD OF DELETE ON cron.job_run_details
+    FOR EACH ROW EXECUTE FUNCTION cron._delete_run_details();
+
 -- Who may use it: like pgsched's own API, every role (row-level security and the checks above
 -- decide the rest). Granted when the schema is created only, so a later REVOKE stays.
 DO $grants$

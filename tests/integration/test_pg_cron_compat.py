@@ -243,3 +243,33 @@ def test_install_is_refused_beside_the_pg_cron_extension_or_a_foreign_cron_schem
         assert migrate.init(c, pg_cron_compat=True).pg_cron_compat is True
         assert migrate.init(c).pg_cron_compat is True
         assert scalar(c, "SELECT to_regprocedure('cron.schedule(text, text, text)') IS NOT NULL") is True
+
+
+def test_a_user_deletes_its_own_finished_runs_through_job_run_details(cron_db: Setup) -> None:
+    """pg_cron's README cleanup, DELETE FROM cron.job_run_details WHERE end_time < ...: each user's own
+    rows, ended ones only; a run in progress and a row that keeps a run from happening twice (a run
+    trigger_job started on a scheduler) stay, and are not counted; another role's rows are not its to
+    delete (it does not see them)."""
+    a, u = cron_db.admin, cron_db.user
+    mine = scalar(u, "SELECT cron.schedule('mine', '0 3 * * *', 'SELECT 1')")
+    theirs = scalar(a, "SELECT cron.schedule('theirs', '0 3 * * *', 'SELECT 1')")
+    me = scalar(a, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4)")
+    for job in (mine, theirs):
+        a.execute("""INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, outcome, trigger,
+                                                  instance_id)
+                     VALUES (%(j)s, '2026-01-01', '2026-01-01', '2026-01-01 00:00:01', 'success', 'schedule', NULL),
+                            (%(j)s, '2026-01-02', '2026-01-02', '2026-01-02 00:00:01', 'failure', 'schedule', NULL),
+                            (%(j)s, '2026-01-03', '2026-01-03', '2026-01-03 00:00:01', 'success', 'manual', %(i)s),
+                            (%(j)s, '2026-01-04', '2026-01-04', NULL, 'running', 'schedule', NULL)""",
+                  {"j": job, "i": me})
+    cur = u.execute("DELETE FROM cron.job_run_details WHERE end_time < '2026-01-05' OR end_time IS NULL")
+    assert cur.rowcount == 2
+    assert rows(a, "SELECT jobid, status, start_time::date::text AS day FROM cron.job_run_details "
+                   "ORDER BY jobid, start_time") == [
+        {"jobid": mine, "status": "succeeded", "day": "2026-01-03"},
+        {"jobid": mine, "status": "running", "day": "2026-01-04"}] + [
+        {"jobid": theirs, "status": s, "day": d} for s, d in (("succeeded", "2026-01-01"), ("failed", "2026-01-02"),
+                                                              ("succeeded", "2026-01-03"), ("running", "2026-01-04"))]
+    # The superuser's cleanup reaches every role's rows, as pg_cron's.
+    assert a.execute("DELETE FROM cron.job_run_details WHERE status = 'failed'").rowcount == 1
+    assert scalar(a, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'failure'") == 0
