@@ -116,11 +116,31 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT pgsched.schedule(schedule => schedule, command => command)
 $$;
 
+-- pg_cron's functions act on pg_cron's jobs, the command jobs cron.job shows: the caller's job
+-- named `job_name` of another kind (a procedure's, a Python job) is not theirs to change or delete.
+-- Its id, or NULL.
+CREATE OR REPLACE FUNCTION cron._other_kind(job_name text)
+RETURNS integer LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT j.job_id FROM pgsched.job j
+     WHERE j.owner = current_user::regrole AND j.job_name = _other_kind.job_name AND j.kind <> 'command'
+$$;
+
 -- The same name again (for the same role) updates that job: pgsched.schedule does that.
 CREATE OR REPLACE FUNCTION cron.schedule(job_name text, schedule text, command text)
-RETURNS bigint LANGUAGE sql STRICT
+RETURNS bigint LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched.schedule(job_name => job_name, schedule => schedule, command => command)
+DECLARE
+    other integer := cron._other_kind(job_name);
+BEGIN
+    IF other IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42710',
+            MESSAGE = format('invalid job_name: %L is the name of pgsched job %s of role %I, which is not a '
+                             'pg_cron command job', job_name, other, current_user),
+            HINT = 'give the pg_cron job another name';
+    END IF;
+    RETURN pgsched.schedule(job_name => job_name, schedule => schedule, command => command);
+END
 $$;
 
 CREATE OR REPLACE FUNCTION cron.schedule_in_database(job_name text, schedule text, command text, database text,
@@ -153,9 +173,16 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION cron.unschedule(job_name text)
-RETURNS boolean LANGUAGE sql STRICT
+RETURNS boolean LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgsched.unschedule(job_name => job_name)
+BEGIN
+    IF cron._other_kind(job_name) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = format('job named %L not found for role %I among its pg_cron jobs', job_name, current_user),
+            HINT = 'job_name must name one of your jobs in cron.job';
+    END IF;
+    RETURN pgsched.unschedule(job_name => job_name);
+END
 $$;
 
 -- The pg_cron job `job_id` if the caller may change it (its own, or any for a superuser),

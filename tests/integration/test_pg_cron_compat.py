@@ -273,3 +273,20 @@ def test_a_user_deletes_its_own_finished_runs_through_job_run_details(cron_db: S
     # The superuser's cleanup reaches every role's rows, as pg_cron's.
     assert a.execute("DELETE FROM cron.job_run_details WHERE status = 'failed'").rowcount == 1
     assert scalar(a, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'failure'") == 0
+
+
+def test_pg_cron_s_functions_leave_a_pgsched_job_of_another_kind_of_the_same_name_alone(cron_db: Setup) -> None:
+    """A procedure job named 'pj' (pgsched's add_job) is not a pg_cron job: cron.schedule('pj', ...)
+    does not turn it into a command job and cron.unschedule('pj') does not delete it (both refused,
+    nothing written)."""
+    a = cron_db.admin
+    a.execute("CREATE PROCEDURE public.pj_proc(job_id int, config jsonb) LANGUAGE sql AS 'SELECT 1'")
+    pj = scalar(a, "SELECT pgsched.add_job('pj_proc', '1 hour', job_name => 'pj')")
+    before = snapshot(a)
+    for call, sqlstate in (("cron.schedule('pj', '0 3 * * *', 'SELECT 1')", "42710"),
+                           ("cron.unschedule('pj')", "42704")):
+        with pytest.raises(psycopg.Error) as e:
+            scalar(a, f"SELECT {call}")
+        assert e.value.sqlstate == sqlstate and "pj" in str(e.value), (call, e.value)
+        assert snapshot(a) == before
+    assert scalar(a, "SELECT kind FROM pgsched.job WHERE job_id = %s", (pj,)) == "proc"
