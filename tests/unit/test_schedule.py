@@ -668,6 +668,17 @@ def test_failure_never_past_next_fixed_slot() -> None:
     assert u(2026, 1, 1, 9, 10) + timedelta(minutes=144) <= t <= u(2026, 1, 1, 9, 10) + timedelta(minutes=176)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_retry_period_twice_the_gap_between_runs_waits_for_the_next_regular_run(seed: int) -> None:
+    """The README's way to give a job pg_cron's behaviour after a failure (no retry before the next
+    scheduled run): a daily cron with a retry_period of two days, failing a second after its run
+    began, runs next at the next day's 03:00, whatever the jitter drawn."""
+    daily = Schedule(interval=None, cron=parse_cron("0 3 * * *"))
+    t = next_after_failure(daily, plan_time=u(2026, 1, 1, 3), finish=u(2026, 1, 1, 3, 0, 1), failures=1,
+                           retry_period=timedelta(days=2), rng=random.Random(seed))
+    assert t == u(2026, 1, 2, 3)
+
+
 def test_crash_backoff_from_detection_time() -> None:
     s = Schedule(interval=DAY, cron=None, fixed=True, origin=u(2026, 1, 1))
     now = u(2026, 1, 1, 3)
