@@ -136,15 +136,21 @@ BEGIN
     -- whose foreign key locks their job's row: those rows first, in the order of their ids, before
     -- the runs and job_stat rows, as alter_job, _disable_job_v2, delete_job and an upstream's
     -- deletion (_upstream_deleted) take a job's row first. Else such a close and one of those, at
-    -- once, wait for each other (40P01). A test of the argument only, for the other closes.
+    -- once, wait for each other (40P01). Each with the lock it will take anyway: the pause's, and
+    -- the foreign key's (KEY SHARE, which waits for a deletion but not for alter_job). A test of
+    -- the argument only, for the other closes.
     IF ends @? '$[*] ? (@.disable_reason != null || @.scopes.type() == "array" || @.retry_at.type() == "string")' THEN
         PERFORM 1 FROM pgsched.job j
          WHERE j.job_id IN (SELECT jr.job_id FROM pgsched.job_run_live jr
                              WHERE jr.run_id IN (SELECT (x->>'run_id')::bigint FROM jsonb_array_elements(ends) x
-                                                  WHERE x->>'disable_reason' IS NOT NULL
-                                                     OR jsonb_typeof(x->'scopes') = 'array'
-                                                     OR jsonb_typeof(x->'retry_at') = 'string'))
+                                                  WHERE x->>'disable_reason' IS NOT NULL))
          ORDER BY j.job_id FOR NO KEY UPDATE;
+        PERFORM 1 FROM pgsched.job j
+         WHERE j.job_id IN (SELECT jr.job_id FROM pgsched.job_run_live jr
+                             WHERE jr.run_id IN (SELECT (x->>'run_id')::bigint FROM jsonb_array_elements(ends) x
+                                                  WHERE jsonb_typeof(x->'scopes') = 'array'
+                                                     OR jsonb_typeof(x->'retry_at') = 'string'))
+         ORDER BY j.job_id FOR KEY SHARE;
     END IF;
     -- Where jobs depend on the ones closed, the job_stat rows this close writes are locked first, in
     -- one order (job_id): the closed runs' jobs and the '@after' dependents their success may plan

@@ -454,6 +454,33 @@ def test_a_close_that_queues_scope_runs_while_their_job_is_deleted_does_not_dead
     assert scalar(api, "SELECT count(*) FROM pgsched.job WHERE job_id = %s", (sharded,)) == 0
 
 
+def test_a_close_that_queues_scope_runs_takes_its_job_s_row_no_stronger_than_their_foreign_key(api: Conn,
+                                                                                                db: str) -> None:
+    """The close that queues a plan's scopes locks the job's row first (no deadlock with a deletion),
+    with the lock the queued runs' foreign key takes anyway (KEY SHARE): it does not wait for a
+    transaction holding the row FOR NO KEY UPDATE (as pausing and disabling take it), which the
+    disabling close's stronger lock would."""
+    import json
+
+    from tests.integration.helpers import rows, scalar
+    from tests.integration.test_core_sql_time import S, T, add_job, claim, register
+
+    sharded = add_job(api, T, scope_query="SELECT 1")
+    me = register(api, T - S)
+    [run] = claim(api, me, T)
+    end = {"run_id": run["run_id"], "outcome": "success", "next_start": (T + 60 * S).isoformat(),
+           "schedule_delay_s": 0.0, "scopes": ["a", "b"], "finished_at": (T + S).isoformat(),
+           "lease_token": run["lease_token"]}
+    with psycopg.connect(db, autocommit=True) as holder, psycopg.connect(db, autocommit=True) as closer:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM pgsched.job WHERE job_id = %s FOR NO KEY UPDATE", (sharded,))
+        closer.execute("SET lock_timeout = '2s'")
+        assert len(rows(closer, "SELECT * FROM pgsched._close_runs(%s)", (json.dumps([end]),))) == 1
+        holder.execute("COMMIT")
+    assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s AND outcome = 'queued'",
+                  (sharded,)) == 2
+
+
 # `attempt_shard` writes its scope and attempt as the effect's setting.
 ATTEMPT_SHARD = """CREATE PROCEDURE public.attempt_shard(job_id int, config jsonb) LANGUAGE sql AS $$
                    INSERT INTO effects SELECT job_id, config->>'scope', h.attempt::text, now()
