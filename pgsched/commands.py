@@ -46,8 +46,8 @@ class Text(click.types.StringParamType):
         try:
             rv.encode("utf-8")
         except UnicodeEncodeError:
-            shown = rv.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            self.fail(f"'{shown}' is not valid UTF-8 text", param, ctx)
+            # Not quoted: the value may be a connection string holding a password.
+            self.fail("is not valid UTF-8 text (bytes of another encoding)", param, ctx)
         return rv
 
 
@@ -743,7 +743,8 @@ def extension_group() -> None:
 @extension_group.command("install")
 @click.option("--pg-config", "pg_config", default=None,
               help="The server's pg_config (default: the one on PATH); its --sharedir decides where.")
-@click.option("--dir", "directory", default=None, type=click.Path(path_type=Path),
+@click.option("--dir", "directory", default=None, type=click.Path(path_type=Path), envvar="PGSCHED_EXTENSION_DIR",
+              show_envvar=True,
               help="Write into this directory instead (packaging; the server's is SHAREDIR/extension).")
 def extension_install(pg_config: str | None, directory: Path | None) -> None:
     """Write pgsched.control and the versioned scripts, generated from this pgsched's sql/, into the

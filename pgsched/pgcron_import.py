@@ -65,15 +65,19 @@ def _read_source(conn: psycopg.Connection[Any]) -> tuple[str, list[dict[str, Any
         if cur.fetchone() is None:
             raise ImportRefused("the source database has no pg_cron extension (it lives in the database named "
                                 "by pg_cron's cron.database_name)")
-        # The names pg_cron gives this server's own jobs (nodename: its cron.host, 'localhost' by
-        # default; nodeport: the server's port): a job with another runs on another server.
+        # Where pg_cron runs a job: in a background worker of this server (cron.use_background_workers),
+        # whatever its nodename says; else over a connection to nodename:nodeport, which is this
+        # server for its cron.host ('localhost' by default), '' (the Unix socket), a loopback address,
+        # at the server's port. A job of another is not this server's to run.
         cur.execute("SELECT current_database() AS db, current_setting('port')::int AS port, "
-                    "coalesce(current_setting('cron.host', true), 'localhost') AS host")
+                    "coalesce(current_setting('cron.host', true), 'localhost') AS host, "
+                    "coalesce(current_setting('cron.use_background_workers', true), 'off') = 'on' AS workers")
         row = cur.fetchone()
         assert row is not None
         cur.execute("SELECT jobid, schedule, command, nodename, nodeport, database, username, active, jobname, "
-                    "       nodename IN ('localhost', %s) AND nodeport = %s AS here "
-                    "FROM cron.job ORDER BY jobid FOR UPDATE", (row["host"], row["port"]))
+                    "       %s OR (coalesce(nodename, '') IN ('', 'localhost', '127.0.0.1', '::1', %s) "
+                    "              AND nodeport = %s) AS here "
+                    "FROM cron.job ORDER BY jobid FOR UPDATE", (row["workers"], row["host"], row["port"]))
         return str(row["db"]), list(cur.fetchall())
 
 

@@ -46,8 +46,8 @@ def _id(value: Any) -> int | None:
 def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
     """The event a payload announces, or None. Anyone may NOTIFY on the channel, so only the kind
     and the ids are taken from it; all else is read through the views, and an event they do not
-    bear out (no such run of that job, a run that did not fail, a job that is not disabled) is
-    dropped, as is one this role may not see."""
+    bear out (no such run of that job, a run that did not fail, a job neither disabled nor given a
+    reason) is dropped, as is one this role may not see."""
     try:
         event = json.loads(payload)
     except ValueError:
@@ -63,7 +63,9 @@ def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
         return None
     if event["event"] == "run_end" and details["outcome"] not in FAILED:
         return None
-    if event["event"] == "job_disabled" and details["state"] != "disabled":
+    # (A running job disabled meanwhile, by its upstream's pause say, is 'starting' with the reason
+    # set until its run ends.)
+    if event["event"] == "job_disabled" and details["state"] != "disabled" and not details["disabled_reason"]:
         return None
     return {"event": event["event"], "run_id": run_id, **details}
 

@@ -119,26 +119,35 @@ $$;
 -- pg_cron's functions act on pg_cron's jobs, the command jobs cron.job shows: the caller's job
 -- named `job_name` of another kind (a procedure's, a Python job) is not theirs to change or delete.
 -- Its id, or NULL.
-CREATE OR REPLACE FUNCTION cron._other_kind(job_name text)
+CREATE OR REPLACE FUNCTION cron._other_kind(job_name text, owner regrole DEFAULT current_user::regrole)
 RETURNS integer LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT j.job_id FROM pgsched.job j
-     WHERE j.owner = current_user::regrole AND j.job_name = _other_kind.job_name AND j.kind <> 'command'
+     WHERE j.owner = _other_kind.owner AND j.job_name = _other_kind.job_name AND j.kind <> 'command'
+$$;
+
+-- The refusal of a name another kind of job has (cron.schedule, cron.schedule_in_database).
+CREATE OR REPLACE FUNCTION cron._check_name_free(job_name text, owner regrole DEFAULT current_user::regrole)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    other constant integer := cron._other_kind(job_name, owner);
+BEGIN
+    IF other IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42710',
+            MESSAGE = format('invalid job_name: %L is the name of pgsched job %s of role %I, which is not a '
+                             'pg_cron command job', job_name, other, owner),
+            HINT = 'give the pg_cron job another name';
+    END IF;
+END
 $$;
 
 -- The same name again (for the same role) updates that job: pgsched.schedule does that.
 CREATE OR REPLACE FUNCTION cron.schedule(job_name text, schedule text, command text)
 RETURNS bigint LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    other integer := cron._other_kind(job_name);
 BEGIN
-    IF other IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '42710',
-            MESSAGE = format('invalid job_name: %L is the name of pgsched job %s of role %I, which is not a '
-                             'pg_cron command job', job_name, other, current_user),
-            HINT = 'give the pg_cron job another name';
-    END IF;
+    PERFORM cron._check_name_free(job_name);
     RETURN pgsched.schedule(job_name => job_name, schedule => schedule, command => command);
 END
 $$;
@@ -156,6 +165,7 @@ BEGIN
     END IF;
     owner := cron._target_owner(username, 'schedule_in_database');
     PERFORM pgsched._check_database(database, owner);
+    PERFORM cron._check_name_free(job_name, owner);
     id := cron._as_owner(owner, 'SELECT pgsched.schedule(job_name => $1, schedule => $2, command => $3)',
                          ARRAY[job_name, schedule, command]);
     PERFORM pgsched.alter_job(id::integer, database => database, scheduled => active);
@@ -283,21 +293,26 @@ $$;
 -- suggests scheduling (DELETE FROM cron.job_run_details WHERE end_time < now() - interval '7 days').
 -- Here the rows are pgsched's history (which its retention purges anyway): deleting one through the
 -- view deletes that run, if it has ended and its job is one the session's role may act for
--- (pgsched._check_may_act: its owner, a role that may SET ROLE to it, a superuser). A row that keeps
+-- (pgsched._may_act_as: its owner, a role that may SET ROLE to it; a superuser). A row that keeps
 -- a run from happening twice (pgsched._kept_in_place: a run trigger_job started on a scheduler, an
 -- @restart job's run) stays for the purge and is not counted as deleted.
 CREATE OR REPLACE FUNCTION cron._forget_run(run_id bigint)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    job integer;
+    job_owner oid;
 BEGIN
-    SELECT r.job_id INTO job FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
+    SELECT j.owner INTO job_owner FROM pgsched.job_run r JOIN pgsched.job j ON j.job_id = r.job_id
      WHERE r.run_id = _forget_run.run_id AND j.kind = 'command';
-    IF job IS NULL THEN
+    -- Anyone may call this: a run of a job the session may not act for is as one that is not there
+    -- (false, no error that would tell it apart). A superuser's cleanup also takes the runs of a
+    -- job whose owner was dropped.
+    IF job_owner IS NULL
+       OR NOT (coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user), false)
+               OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
+                   AND pgsched._may_act_as(session_user, job_owner))) THEN
         RETURN false;
     END IF;
-    PERFORM pgsched._check_may_act(job);
     DELETE FROM pgsched.job_run r USING pgsched.job j
      WHERE r.run_id = _forget_run.run_id AND j.job_id = r.job_id AND r.outcome NOT IN ('running', 'queued')
        AND NOT pgsched._kept_in_place(r.trigger, r.instance_id, j.schedule, r.scope);

@@ -182,35 +182,56 @@ def test_compat_schema_is_refused_beside_pg_cron(cron_cluster: Cluster) -> None:
             migrate.init(c, pg_cron_compat=True)
 
 
-def test_a_job_pgsched_cannot_take_is_listed_and_the_others_are_imported(cron_cluster: Cluster) -> None:
-    """pg_cron jobs pgsched refuses (an '@reboot' schedule) or that run on another server (nodename
-    and nodeport pg_cron connects to) are listed with the reason and stay with pg_cron; the job
-    beside them is imported. (Before, a refusal of another SQLSTATE than the few caught stopped the
-    whole import, and a job of another server was imported to run here.)"""
+@pytest.mark.parametrize("background_workers", [True, False])
+def test_a_job_pgsched_cannot_take_is_listed_and_the_others_are_imported(cron_cluster: Cluster,
+                                                                         background_workers: bool) -> None:
+    """pg_cron jobs pgsched refuses (an '@reboot' schedule: 22023; a database that is not there:
+    3D000) are listed with the reason and stay with pg_cron, and the jobs beside them are imported.
+    A job whose nodename is another server's stays too, unless pg_cron runs its jobs in background
+    workers (then it ignores nodename, and runs that job here); nodename '' (the Unix socket) and
+    '127.0.0.1' at the server's port are this server. (Before, a refusal of another SQLSTATE than
+    the few caught stopped the whole import, and a job of another server was imported.)"""
     from pgsched import migrate
 
     dsn = cron_cluster.dsn(SOURCE_DB)
+    if not background_workers:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("ALTER SYSTEM SET cron.use_background_workers = off")
+        cron_cluster.restart()
+        cron_cluster.wait_ready()
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE EXTENSION IF NOT EXISTS pg_cron")
         migrate.init(c)
         jobid: dict[str, int] = {}
-        for name, schedule in (("at_boot", "@reboot"), ("elsewhere_node", "0 3 * * *"), ("taken", "0 4 * * *")):
+        for name, schedule in (("at_boot", "@reboot"), ("elsewhere_node", "0 3 * * *"), ("taken", "0 4 * * *"),
+                               ("no_such_db", "0 5 * * *"), ("socket", "0 6 * * *"), ("loopback", "0 7 * * *")):
             row = c.execute("SELECT cron.schedule(%s, %s, 'SELECT 1')", (name, schedule)).fetchone()
             assert row is not None
             jobid[name] = int(row[0])
         c.execute("UPDATE cron.job SET nodename = 'db2.example.internal' WHERE jobid = %s", (jobid["elsewhere_node"],))
+        c.execute("UPDATE cron.job SET database = 'no_such_db' WHERE jobid = %s", (jobid["no_such_db"],))
+        c.execute("UPDATE cron.job SET nodename = '' WHERE jobid = %s", (jobid["socket"],))
+        c.execute("UPDATE cron.job SET nodename = '127.0.0.1' WHERE jobid = %s", (jobid["loopback"],))
     try:
         out = import_cli(dsn)
         assert f"NOT imported: pg_cron job {jobid['at_boot']} ('at_boot'): invalid schedule: '@reboot'" in out, out
-        assert (f"NOT imported: pg_cron job {jobid['elsewhere_node']} ('elsewhere_node'): it runs on another server "
-                f"(db2.example.internal:") in out, out
+        assert f"NOT imported: pg_cron job {jobid['no_such_db']} ('no_such_db'): database \"no_such_db\" does not " \
+               "exist" in out, out
+        elsewhere = (f"NOT imported: pg_cron job {jobid['elsewhere_node']} ('elsewhere_node'): it runs on another "
+                     f"server (db2.example.internal:")
+        assert (elsewhere in out) is not background_workers, out
         names = {r["job_name"]: r for r in pgsched_jobs(dsn)}
-        assert "taken" in names and names["taken"]["schedule"] == "0 4 * * *"
-        assert "at_boot" not in names and "elsewhere_node" not in names
-        assert {r["jobname"]: r["active"] for r in cron_jobs(dsn) if r["jobname"] in jobid} == {
-            "at_boot": True, "elsewhere_node": True, "taken": True}
+        assert {"taken", "socket", "loopback"} <= set(names) and names["taken"]["schedule"] == "0 4 * * *"
+        assert "at_boot" not in names and "no_such_db" not in names
+        assert ("elsewhere_node" in names) is background_workers
+        assert all(r["active"] for r in cron_jobs(dsn) if r["jobname"] in jobid)
     finally:
         with psycopg.connect(dsn, autocommit=True) as c:
             for j in jobid.values():
                 c.execute("SELECT cron.unschedule(%s)", (j,))
-            c.execute("DELETE FROM pgsched.job WHERE job_name = 'taken'")
+            c.execute("DELETE FROM pgsched.job WHERE job_name = ANY (%s)", (list(jobid),))
+            if not background_workers:
+                c.execute("ALTER SYSTEM RESET cron.use_background_workers")
+        if not background_workers:
+            cron_cluster.restart()
+            cron_cluster.wait_ready()

@@ -974,3 +974,25 @@ def test_a_close_that_disables_its_job_meanwhile_another_change_takes_the_job_s_
     else:
         assert (st["priority"], st["disabled_reason"]) == (3, "max_retries reached"), st
     assert scalar(api, "SELECT outcome FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],)) == "failure"
+
+
+def test_watch_shows_a_running_dependent_disabled_by_its_upstream_s_pause(api: Conn, db: str) -> None:
+    """Pausing an upstream disables its dependent while the dependent runs: the job stays 'starting'
+    (with the reason) until its run ends, and its job_disabled event is shown by `pgsched watch`,
+    which takes the reason as the views' bearing the event out."""
+    import json
+
+    from pgsched.ops import query, watch
+
+    up = add_job(api, T + 3600 * S, job_name="paused_up")
+    down = add_job(api, T, depends_on=[str(up)])
+    me = register(api, T - S)
+    (run,) = claim(api, me, T)
+    assert run["job_id"] == down
+    api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (up,))
+    with query.connect(db) as conn:
+        e = watch.describe(conn, json.dumps({"event": "job_disabled", "job_id": down, "run_id": None}))
+        assert e is not None and e["state"] == "starting", e
+        assert e["disabled_reason"].startswith(f"upstream job {up} (paused_up) is disabled"), e
+        # A job with no reason and not disabled bears out no job_disabled event.
+        assert watch.describe(conn, json.dumps({"event": "job_disabled", "job_id": up + 10_000})) is None

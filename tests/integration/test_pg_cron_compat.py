@@ -270,20 +270,34 @@ def test_a_user_deletes_its_own_finished_runs_through_job_run_details(cron_db: S
         {"jobid": mine, "status": "running", "day": "2026-01-04"}] + [
         {"jobid": theirs, "status": s, "day": d} for s, d in (("succeeded", "2026-01-01"), ("failed", "2026-01-02"),
                                                               ("succeeded", "2026-01-03"), ("running", "2026-01-04"))]
-    # The superuser's cleanup reaches every role's rows, as pg_cron's.
-    assert a.execute("DELETE FROM cron.job_run_details WHERE status = 'failed'").rowcount == 1
+    # The function behind it, called directly, tells another role nothing: a run of a job it may not
+    # act for is as one that is not there.
+    theirs_run = scalar(a, "SELECT run_id FROM pgsched.job_run WHERE job_id = %s AND outcome = 'failure'", (theirs,))
+    assert scalar(u, "SELECT cron._forget_run(%s)", (theirs_run,)) is False
+    assert scalar(u, "SELECT cron._forget_run(-1)") is False
+    # The superuser's cleanup reaches every role's rows, as pg_cron's, a job's whose owner was dropped
+    # included.
+    a.execute("CREATE ROLE pgcron_gone_owner LOGIN")
+    gone = scalar(a, "SELECT cron.schedule('gone_owner', '0 3 * * *', 'SELECT 1')")
+    a.execute("UPDATE pgsched.job SET owner = 'pgcron_gone_owner'::regrole WHERE job_id = %s", (gone,))
+    a.execute("""INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, outcome, trigger)
+                 VALUES (%s, '2026-01-01', '2026-01-01', '2026-01-01 00:00:01', 'failure', 'schedule')""", (gone,))
+    a.execute("DROP ROLE pgcron_gone_owner")
+    assert a.execute("DELETE FROM cron.job_run_details WHERE status = 'failed'").rowcount == 2
     assert scalar(a, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'failure'") == 0
+    a.execute("DELETE FROM pgsched.job WHERE job_id = %s", (gone,))
 
 
 def test_pg_cron_s_functions_leave_a_pgsched_job_of_another_kind_of_the_same_name_alone(cron_db: Setup) -> None:
     """A procedure job named 'pj' (pgsched's add_job) is not a pg_cron job: cron.schedule('pj', ...)
-    does not turn it into a command job and cron.unschedule('pj') does not delete it (both refused,
-    nothing written)."""
+    and cron.schedule_in_database('pj', ...) do not turn it into a command job and
+    cron.unschedule('pj') does not delete it (each refused, nothing written)."""
     a = cron_db.admin
     a.execute("CREATE PROCEDURE public.pj_proc(job_id int, config jsonb) LANGUAGE sql AS 'SELECT 1'")
     pj = scalar(a, "SELECT pgsched.add_job('pj_proc', '1 hour', job_name => 'pj')")
     before = snapshot(a)
     for call, sqlstate in (("cron.schedule('pj', '0 3 * * *', 'SELECT 1')", "42710"),
+                           ("cron.schedule_in_database('pj', '0 3 * * *', 'SELECT 1', current_database())", "42710"),
                            ("cron.unschedule('pj')", "42704")):
         with pytest.raises(psycopg.Error) as e:
             scalar(a, f"SELECT {call}")
