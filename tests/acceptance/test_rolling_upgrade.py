@@ -181,23 +181,29 @@ def longest_gap(starts: list[datetime]) -> timedelta:
 
 def unexplained_skips(dsn: str, skipped: list[dict[str, Any]], raced_pids: list[int],
                       init_window: tuple[datetime, datetime]) -> list[dict[str, Any]]:
-    """The skipped plans that the allowed race with init does not explain.
+    """The skipped plans that the upgrade's own disturbances do not explain.
 
     0.1.0's instance that lost the race (its pid in `raced_pids`) claims nothing for 1 s after the
     database error; when every instance lost it, a plan that came due meanwhile started late, by
     up to 1 s, within 2 s of init's commit, and on a 1-second schedule the next slot came due while
     it ran (0.3 s), and was skipped as "still in progress". Such a run started over 0.5 s late
     (runs otherwise start within milliseconds): on the machine of 2026-11-27 evening, one due a
-    quarter of a second into the pause started 0.75 s late and its next slot was skipped. Any
-    other skip is a fault."""
+    quarter of a second into the pause started 0.75 s late and its next slot was skipped.
+    An upgrade from 0.1.0 also applies migrations, so init holds `job` and `job_stat` from its
+    first file to its commit (README "Upgrading"), and the test then ends the old instances'
+    sessions to make them reconnect: a plan that came due in that window (from init's start to 2 s
+    after its commit) may start over 0.5 s late on any instance, on a loaded machine (CI of
+    2026-11-29: init took 1.9 s, and a skip named such a run of an instance that raced nothing).
+    Any other skip is a fault."""
     unexplained = []
     for r in skipped:
         held = HELD_RUN.search(r["message"] or "")
         explained = held and query(
             dsn, "SELECT 1 FROM pgsched.job_run r JOIN pgsched.instances i USING (instance_id) "
                  "WHERE r.run_id = %s AND r.started_at - r.plan_time > interval '0.5 s' AND i.version = %s "
-                 "AND i.pid = ANY (%s) AND r.started_at BETWEEN %s AND %s::timestamptz + interval '2 s'",
-            (int(held.group(1)), previous_release.RELEASE, raced_pids, *init_window))
+                 "  AND r.started_at BETWEEN %s AND %s::timestamptz + interval '2 s' "
+                 "  AND (i.pid = ANY (%s) OR r.plan_time BETWEEN %s AND %s::timestamptz + interval '2 s')",
+            (int(held.group(1)), previous_release.RELEASE, *init_window, raced_pids, *init_window))
         if not explained:
             unexplained.append(r)
     return unexplained
