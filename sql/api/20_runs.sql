@@ -17,7 +17,8 @@ SELECT pgsched._drop_functions(ARRAY[
     '_mark_end',
     '_mark_start',
     '_run_job_end',
-    '_run_job_start']);
+    '_run_job_start',
+    '_session_may_act']);
 
 CREATE OR REPLACE FUNCTION pgsched._mark_start(job_id integer, plan_time timestamptz, trigger text,
                                                worker_pid integer DEFAULT NULL,
@@ -402,8 +403,17 @@ $$;
 -- run_job does: start a manual run of a job the session's user may act as
 -- (session_user: every role this session can become, the session user may SET ROLE
 -- to), and close a manual run that this very backend started.
--- The job's owner, if the session's user may act as it (pgsched._may_act_as, migration 0017:
--- run_job, trigger_job, cancel_job); else job-not-found.
+-- Whether the session's user may act as `owner`, a role that still exists (pgsched._may_act_as,
+-- migration 0017): the one test of run_job, trigger_job, cancel_job (_check_may_act) and of
+-- cron._forget_run. session_user, not current_user: these run as the schema's owner.
+CREATE OR REPLACE FUNCTION pgsched._session_may_act(owner oid)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = _session_may_act.owner)
+           AND pgsched._may_act_as(session_user, _session_may_act.owner)
+$$;
+
+-- The job's owner, if the session's user may act as it (_session_may_act); else job-not-found.
 CREATE OR REPLACE FUNCTION pgsched._check_may_act(job_id integer)
 RETURNS regrole LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -414,8 +424,7 @@ BEGIN
         PERFORM pgsched._bad_arg('job_id', 'NULL', 'the id of an existing job', '22004');
     END IF;
     SELECT j.owner INTO job_owner FROM pgsched.job j WHERE j.job_id = _check_may_act.job_id;
-    IF job_owner IS NULL OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
-       OR NOT pgsched._may_act_as(session_user, job_owner) THEN
+    IF job_owner IS NULL OR NOT pgsched._session_may_act(job_owner) THEN
         PERFORM pgsched._job_not_found(_check_may_act.job_id);
     END IF;
     RETURN job_owner::regrole;

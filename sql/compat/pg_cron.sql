@@ -293,7 +293,7 @@ $$;
 -- suggests scheduling (DELETE FROM cron.job_run_details WHERE end_time < now() - interval '7 days').
 -- Here the rows are pgsched's history (which its retention purges anyway): deleting one through the
 -- view deletes that run, if it has ended and its job is one the session's role may act for
--- (pgsched._may_act_as: its owner, a role that may SET ROLE to it; a superuser). A row that keeps
+-- (pgsched._session_may_act: its owner, a role that may SET ROLE to it; a superuser). A row that keeps
 -- a run from happening twice (pgsched._kept_in_place: a run trigger_job started on a scheduler, an
 -- @restart job's run) stays for the purge and is not counted as deleted.
 CREATE OR REPLACE FUNCTION cron._forget_run(run_id bigint)
@@ -309,8 +309,7 @@ BEGIN
     -- job whose owner was dropped.
     IF job_owner IS NULL
        OR NOT (coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = session_user), false)
-               OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = job_owner)
-                   AND pgsched._may_act_as(session_user, job_owner))) THEN
+               OR pgsched._session_may_act(job_owner)) THEN
         RETURN false;
     END IF;
     DELETE FROM pgsched.job_run r USING pgsched.job j

@@ -994,5 +994,8 @@ def test_watch_shows_a_running_dependent_disabled_by_its_upstream_s_pause(api: C
         e = watch.describe(conn, json.dumps({"event": "job_disabled", "job_id": down, "run_id": None}))
         assert e is not None and e["state"] == "starting", e
         assert e["disabled_reason"].startswith(f"upstream job {up} (paused_up) is disabled"), e
-        # A job with no reason and not disabled bears out no job_disabled event.
-        assert watch.describe(conn, json.dumps({"event": "job_disabled", "job_id": up + 10_000})) is None
+        # A job that exists, is not disabled and has no reason bears out no job_disabled event
+        # (nor does one that does not exist).
+        other = add_job(api, T + 3600 * S, job_name="never_paused")
+        assert watch.describe(conn, json.dumps({"event": "job_disabled", "job_id": other})) is None
+        assert watch.describe(conn, json.dumps({"event": "job_disabled", "job_id": other + 10_000})) is None

@@ -381,7 +381,8 @@ def test_scheduler_functions_are_not_executable_by_other_roles(s: Sessions) -> N
     for private in ("_claim", "_claim_v2", "_take_over_v2", "_finish_runs", "_abandoned_runs", "_register_instance",
                     "_instance_heartbeat", "_instance_stop", "_mark_start", "_mark_end", "_disable_job",
                     "_disable_job_v2", "_next_due", "_set_terminating", "_missing_runs", "_record_skipped",
-                    "_start_request", "_requests", "_request_ttl", "_check_may_act", "_event", "_end_run"):
+                    "_start_request", "_requests", "_request_ttl", "_check_may_act", "_session_may_act", "_event",
+                    "_end_run"):
         assert private not in may, private
     for api in ("add_job", "alter_job", "delete_job", "run_job", "schedule", "unschedule", "_run_job_start",
                 "trigger_job", "cancel_job", "_api"):
