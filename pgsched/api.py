@@ -48,9 +48,16 @@ from dataclasses import dataclass
 from pgsched import __version__
 from pgsched.errors import SchemaVersionMismatch
 
-# The API this code speaks. Bump it with every release that changes the contract above or
-# adds a migration, together with pgsched._api() in sql/api/00_api.sql.
-API_VERSION = 2
+# The API each release speaks, this one's last: add a line with every release (bump the API
+# when the release changes the contract above or adds a migration). init reads it to tell
+# whether a running instance's release is still served (instances_left_behind).
+RELEASE_API: dict[str, int] = {"0.1.0": 1, "0.2.0": 2}
+
+# The API this code speaks, and the oldest whose calls this release's SQL still answers (the
+# window is two APIs wide): both as pgsched._api() in sql/api/00_api.sql says them (a test
+# checks that they agree).
+API_VERSION = RELEASE_API[__version__]
+OLDEST_API_SERVED = API_VERSION - 1
 
 
 @dataclass(frozen=True)
@@ -83,3 +90,20 @@ def check(schema: SchemaApi) -> None:
     else:
         fix = f"replace this instance with pgsched {schema.release} (or another release that speaks its API)"
     raise SchemaVersionMismatch(f"{schema.describe()}; this pgsched {__version__} speaks API {API_VERSION}: {fix}")
+
+
+@dataclass(frozen=True)
+class LiveInstance:
+    """A scheduler instance pgsched.instances says is alive, and the release it registered with."""
+
+    instance_id: int
+    host: str
+    pid: int
+    release: str
+
+
+def instances_left_behind(instances: list[LiveInstance], oldest_api_served: int) -> list[LiveInstance]:
+    """The instances whose release speaks an API older than `oldest_api_served`: a schema that
+    serves no older API would answer their calls with SQL errors. A release this code does not
+    know is newer than it, and so not left behind."""
+    return [i for i in instances if RELEASE_API.get(i.release, oldest_api_served) < oldest_api_served]

@@ -342,6 +342,8 @@ def _init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool, pg_cr
                 f"{installed.describe()}, newer than this pgsched {__version__} (API {api.API_VERSION}): "
                 "upgrade pgsched before using it on this database"
             )
+        if installed is not None and installed.oldest_api_served < api.OLDEST_API_SERVED:
+            _check_no_instance_left_behind(cur)  # before anything is written
         for m in todo:
             if m.version in applied and applied[m.version] != m.checksum:
                 raise MigrationChecksumMismatch(
@@ -388,6 +390,24 @@ def _init(conn: psycopg.Connection[tuple[object, ...]], *, plpython: bool, pg_cr
             compat.install(cur, (_source_dir("sql") / "compat" / "pg_cron.sql").read_text())
     return InitResult(applied=[m.version for m in pending], api_reapplied=reapply, plpython=has_plpython,
                       version=len(todo), dropped=dropped, api=now_api, pg_cron_compat=with_compat)
+
+
+def _check_no_instance_left_behind(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
+    """Refuse to narrow the window under a live instance of a release it would no longer serve.
+
+    Such an instance (release 0.1.0 predates the API check) would meet the new functions with
+    SQL errors at every call instead of stopping. Alive is pgsched.instances' rule (a recent
+    heartbeat and its connection still there), so a killed or stopped instance does not count.
+    """
+    cur.execute("SELECT instance_id, host, pid, version FROM pgsched.instances WHERE alive ORDER BY instance_id")
+    live = [api.LiveInstance(int(str(r[0])), str(r[1]), int(str(r[2])), str(r[3])) for r in cur.fetchall()]
+    left = api.instances_left_behind(live, api.OLDEST_API_SERVED)
+    if left:
+        named = ", ".join(f"instance {i.instance_id} (release {i.release}, host {i.host}, pid {i.pid})" for i in left)
+        raise SchemaVersionMismatch(
+            f"pgsched {__version__} serves API {api.OLDEST_API_SERVED} to {api.API_VERSION}, and these running "
+            f"instances speak an older one: {named}; upgrade them to a release in that window first, one "
+            "release at a time (README, Upgrading), then run this init again (nothing was changed)")
 
 
 # How long init keeps giving way to other sessions' statements (see _giving_way) before it

@@ -60,7 +60,8 @@ def test_the_schema_and_the_code_agree_on_the_api_and_the_release(conn: Conn) ->
     row = rows(conn, "SELECT * FROM pgsched._api()")[0]
     assert (row["api_version"], row["release"]) == (api.API_VERSION, pgsched.__version__)
     # Two APIs wide: this release's, and the previous one's instances keep working.
-    assert row["oldest_api_served"] == api.API_VERSION - 1
+    assert row["oldest_api_served"] == api.OLDEST_API_SERVED == api.API_VERSION - 1
+    assert api.RELEASE_API[pgsched.__version__] == api.API_VERSION
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     # The distribution's version is __version__ itself, not a second copy of it.
     assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
@@ -118,6 +119,41 @@ def test_init_refuses_a_newer_api_and_changes_nothing(conn: Conn) -> None:
         migrate.init(conn)
     assert (functions(conn), rows(conn, "SELECT * FROM pgsched.api_state")) == before
     assert scalar(conn, "SELECT release FROM pgsched._api()") == "9.1.0"
+
+
+def test_init_that_narrows_the_window_refuses_while_an_instance_it_leaves_behind_runs(
+        conn: Conn, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release that no longer serves API 1 (0.3.0, made here by its window's constant) refuses
+    to install under a live 0.1.0 instance, naming it, and changes nothing; instances of served or
+    unknown (newer) releases and an instance whose connection is gone do not stop it."""
+    def register(c: Conn, release: str) -> int:
+        return int(scalar(c, "SELECT instance_id FROM pgsched._register_instance('h1', 4242, %s, 8)", (release,)))
+
+    with psycopg.connect(db, autocommit=True) as old, psycopg.connect(db, autocommit=True) as others:
+        old_id = register(old, "0.1.0")
+        register(others, pgsched.__version__)
+        register(others, "9.0.0")
+        monkeypatch.setattr(api, "OLDEST_API_SERVED", api.API_VERSION)
+        force_reapply(conn)
+        before = functions(conn), rows(conn, "SELECT * FROM pgsched.api_state")
+        with pytest.raises(SchemaVersionMismatch) as refused:
+            migrate.init(conn)
+        assert str(refused.value) == (
+            f"pgsched {pgsched.__version__} serves API {api.API_VERSION} to {api.API_VERSION}, and these running "
+            f"instances speak an older one: instance {old_id} (release 0.1.0, host h1, pid 4242); upgrade them "
+            "to a release in that window first, one release at a time (README, Upgrading), then run this init "
+            "again (nothing was changed)")
+        assert (functions(conn), rows(conn, "SELECT * FROM pgsched.api_state")) == before
+    # Its session is gone: a killed instance is no longer alive, whatever its last heartbeat.
+    wait_until(lambda: not scalar(conn, "SELECT alive FROM pgsched.instances WHERE instance_id = %s", (old_id,)))
+    assert migrate.init(conn).api_reapplied
+
+
+def test_the_api_of_a_release_this_code_does_not_know_is_taken_as_newer() -> None:
+    live = [api.LiveInstance(1, "h", 1, "0.1.0"), api.LiveInstance(2, "h", 2, "0.2.0"),
+            api.LiveInstance(3, "h", 3, "0.9.0"), api.LiveInstance(4, "h", 4, "0.2.0.dev1")]
+    assert [i.instance_id for i in api.instances_left_behind(live, 2)] == [1]
+    assert api.instances_left_behind(live, 1) == []
 
 
 def test_init_reports_the_api_it_leaves(bare: Conn) -> None:
