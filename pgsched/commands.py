@@ -688,7 +688,10 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
               help="A session ends after this many seconds without a request.")
 @click.option("--session-lifetime", type=Seconds(60), default=8 * 3600.0, show_default=True,
               help="A session ends this many seconds after sign-in.")
-def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, session_lifetime: float) -> None:
+@click.option("--secure-cookies", is_flag=True,
+              help="Mark cookies Secure (sent over https only): for a dashboard reached through an https proxy.")
+def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, session_lifetime: float,
+        secure_cookies: bool) -> None:
     """The web dashboard (needs `pip install 'pgsched[web]'`): sign in with a PostgreSQL role."""
     try:
         import uvicorn  # noqa: F401
@@ -699,7 +702,8 @@ def web(dsn: str | None, listen: str, single_user: bool, session_idle: float, se
         _fail(f"pgsched web needs the web extra: pip install 'pgsched[web]' ({e})")
     target = _ops_dsn(dsn)
     try:
-        server.serve(target, listen, single_user=single_user, idle=session_idle, lifetime=session_lifetime)
+        server.serve(target, listen, single_user=single_user, idle=session_idle, lifetime=session_lifetime,
+                     secure_cookies=secure_cookies)
     except (PgschedError, psycopg.Error) as e:
         _fail(scrub(first_line(e), target))
 

@@ -8,15 +8,19 @@ responses carry a strict Content-Security-Policy (no inline script: static/live.
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from math import ceil
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import anyio
 import anyio.from_thread
+import anyio.to_thread
+import jinja2
 import psycopg
 import psycopg.errors
 from starlette.applications import Starlette
@@ -27,9 +31,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from pgsched import __version__, schedule
-from pgsched.errors import first_line
+from pgsched.errors import PgschedError, first_line
 from pgsched.ops import dashboard, query, upcoming
 from pgsched.web import charts, words
+from pgsched.web.server import is_loopback
 from pgsched.web.sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, SignInRefused, same
 from pgsched.web.throttle import SignInThrottle, client_of
 
@@ -40,6 +45,8 @@ MAX_BUCKETS = 100        # buckets per row when bucketed (24 h: 15 minutes each)
 MAX_ROWS = 100           # jobs (rows) on one timeline
 STATEMENT_TIMEOUT = "30s"  # a page's query may not hold its session's connection longer
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=5), timedelta(days=7)
+MAX_JOB_ID = 2**31 - 1   # job_id is an integer
+EXPIRE_EVERY = 5.0       # seconds between two sweeps of expired sessions (their connections close)
 ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Run now", "cancel": "Cancel the running run of"}
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
@@ -52,8 +59,23 @@ HEADERS = {
 Handler = Callable[[Request, Session], Response]
 
 
+@jinja2.pass_context
+def _when(ctx: jinja2.runtime.Context, t: datetime | None) -> str:
+    """A time in the page's zone (the session's TimeZone, `tz`), whether PostgreSQL or pgsched's
+    schedule code gave it."""
+    if t is None:
+        return "-"
+    tz = ctx.get("tz")
+    return (t.astimezone(tz) if tz is not None else t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _json(value: object) -> str:
+    """A jsonb value as JSON (true, null), not as Python's repr."""
+    return "" if value is None else json.dumps(value, ensure_ascii=False)
+
+
 def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lifetime: float = 8 * 3600.0,
-               throttle: SignInThrottle | None = None) -> Starlette:
+               throttle: SignInThrottle | None = None, secure_cookies: bool = False) -> Starlette:
     sessions = Sessions(dsn, idle=idle, lifetime=lifetime, statement_timeout=STATEMENT_TIMEOUT)
     throttle = throttle or SignInThrottle()
     # --single-user: one session on the DSN's own connection (opened again if it is lost).
@@ -62,8 +84,13 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.globals["version"] = __version__
     templates.env.globals["outcomes"] = charts.OUTCOMES
-    templates.env.filters["when"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
+    templates.env.filters["when"] = _when
+    templates.env.filters["json"] = _json
     templates.env.filters["secs"] = lambda s: "-" if s is None else f"{s:.3f}s"
+
+    def cookie(request: Request, resp: Response, name: str, value: str, max_age: int) -> None:
+        resp.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="strict",
+                        secure=secure_cookies or request.url.scheme == "https")
 
     def secure(resp: Response) -> Response:
         for k, v in HEADERS.items():
@@ -75,7 +102,8 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         if session:
             session.flash.clear()
         return secure(templates.TemplateResponse(request, name, {
-            "session": session, "single": single is not None, "flash": flash, **ctx}, status_code=status))
+            "session": session, "single": single is not None, "flash": flash,
+            "tz": _zone(session), **ctx}, status_code=status))
 
     def session_of(request: Request) -> Session | None:
         if not only:
@@ -91,7 +119,17 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         """A handler that needs a session (else: to sign-in), on the session's connection, one
         request at a time; a lost connection ends the session."""
         def endpoint(request: Request) -> Response:
-            s = session_of(request)
+            if single is not None and not is_loopback(request.url.hostname or ""):
+                # --single-user has no sign-in: a request that names another host is a page that
+                # pointed its own name at loopback (DNS rebinding) to act as the DSN's role.
+                return secure(PlainTextResponse("refused: --single-user answers requests for a loopback "
+                                                "host only (127.0.0.1, ::1, localhost)", status_code=400))
+            try:
+                s = session_of(request)
+            except (psycopg.OperationalError, PgschedError) as e:
+                # --single-user's connection could not be opened again: the database is away.
+                return secure(PlainTextResponse(f"the database connection was lost: {first_line(e)}",
+                                                status_code=503))
             if s is None:
                 if request.url.path == "/live":
                     return secure(JSONResponse({"signin": True}, status_code=401))
@@ -128,7 +166,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         if request.method == "GET":
             token = secrets.token_urlsafe(32)
             resp = render(request, "signin.html", None, token=token, next=nxt, error=None, role="")
-            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
+            cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
         form = _form_sync(request)
         nxt = _safe_next(str(form.get("next") or "/"))
@@ -141,7 +179,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             """The sign-in form again, with why, and a new CSRF token."""
             token = secrets.token_urlsafe(32)
             resp = render(request, "signin.html", None, status=status, token=token, next=nxt, error=error, role=role)
-            _cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
+            cookie(request, resp, LOGIN_COOKIE, token, max_age=3600)
             return resp
 
         try:
@@ -156,7 +194,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             resp.headers["Retry-After"] = str(ceil(wait))
             return resp
         try:
-            s = sessions.sign_in(role, password)
+            s = sessions.sign_in(role, password, replacing=request.cookies.get(COOKIE))
         except SignInRefused as e:
             if not e.guess:
                 throttle.forgive(client, role)
@@ -168,7 +206,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             raise
         throttle.accepted(client, role)
         resp = secure(RedirectResponse(nxt, 303))
-        _cookie(request, resp, COOKIE, s.sid, max_age=int(lifetime))
+        cookie(request, resp, COOKIE, s.sid, max_age=int(lifetime))
         resp.delete_cookie(LOGIN_COOKIE, path="/")
         return resp
 
@@ -181,17 +219,25 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
 
     # --- pages ---------------------------------------------------------------------------------
 
+    # Each page reads its live fingerprint before its data: a change that lands between the two
+    # then shows at the next poll, instead of being taken as already on the page.
+
     def overview(request: Request, s: Session) -> Response:
         c = s.conn
+        live = dashboard.fingerprint(c)
         now, per_minute = dashboard.runs_per_minute(c)
-        return render(request, "overview.html", s, live=dashboard.fingerprint(c), now=now,
+        return render(request, "overview.html", s, live=live, now=now,
                       instances=query.instances(c), chart=charts.runs_per_minute(per_minute, now),
                       problems=dashboard.problems(c), errors=query.last_errors(c, 10))
 
     def jobs(request: Request, s: Session) -> Response:
         p = request.query_params
         q, sort, desc = p.get("q", "").strip()[:200], p.get("sort", "id"), p.get("dir") == "desc"
+        if "\0" in q:
+            return render(request, "error.html", s, status=400, title="Bad request",
+                          message="q: the search text cannot hold a NUL character")
         page_no = _int(p.get("page"), 1, 1, 1_000_000)
+        live = dashboard.fingerprint(s.conn)
         result = dashboard.jobs_page(s.conn, search=q, sort=sort, descending=desc, limit=PAGE_SIZE,
                                      offset=(page_no - 1) * PAGE_SIZE)
         pages = max(1, -(-result.total // PAGE_SIZE))
@@ -202,13 +248,14 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
 
         for r in result.rows:
             r["words"] = words.describe(r["schedule"], r["timezone"])
-        return render(request, "jobs.html", s, live=dashboard.fingerprint(s.conn), rows=result.rows,
+        return render(request, "jobs.html", s, live=live, rows=result.rows,
                       total=result.total, page=page_no, pages=pages, q=q, sort=sort, desc=desc, link=link,
                       sorts=list(dashboard.SORTS))
 
     def job(request: Request, s: Session) -> Response:
-        job_id = int(request.path_params["job_id"])
+        job_id = _job_id(request)
         c = s.conn
+        live = dashboard.fingerprint(c)
         j = dashboard.job(c, job_id)
         now = query.db_now(c)
         try:
@@ -216,11 +263,15 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             starts_error = None
         except schedule.ScheduleError as e:
             starts, starts_error = [], str(e)
+        except (ValueError, OverflowError, psycopg.DataError):
+            # A schedule whose starts leave Python's years (the API takes '1000 years'), or a
+            # catalog row written by hand past what the client reads.
+            starts, starts_error = [], "no start within the years 1 to 9999 can be shown for this schedule"
         runs = _int(request.query_params.get("runs"), 25, 1, 1000)
         hist = query.history(c, job_id=job_id, limit=runs)
         window = timedelta(hours=24)
-        tl, note, _ = _timeline(c, now - window, now, job_id)
-        return render(request, "job.html", s, live=dashboard.fingerprint(c), job=j, starts=starts,
+        tl, note, _ = _timeline(c, now.astimezone(UTC) - window, now, job_id)
+        return render(request, "job.html", s, live=live, job=j, starts=starts,
                       starts_error=starts_error, history=hist, words=words.describe(j["schedule"], j["timezone"]),
                       timeline=tl, timeline_note=note, runs=runs)
 
@@ -234,10 +285,13 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
                 raise ValueError(f"window: {text!r} is out of range; give 5m to 7d")
         except ValueError as e:
             error, window = str(e), timedelta(hours=1)
+        live = dashboard.fingerprint(c)
         now = query.db_now(c)
         page_no = _int(request.query_params.get("page"), 1, 1, 1_000_000)
-        tl, note, pages = _timeline(c, now - window, now, None, page_no)
-        return render(request, "timeline.html", s, status=400 if error else 200, live=dashboard.fingerprint(c),
+        # The window in UTC: an aware datetime's arithmetic in its own zone is by the wall clock,
+        # an hour off across a DST change.
+        tl, note, pages = _timeline(c, now.astimezone(UTC) - window, now, None, page_no)
+        return render(request, "timeline.html", s, status=400 if error else 200, live=live,
                       timeline=tl, note=note, window=text, error=error, page=page_no, pages=pages,
                       choices=["5m", "15m", "1h", "6h", "24h", "7d"])
 
@@ -272,12 +326,12 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
         action = request.path_params["action"]
         if action not in ACTIONS:
             return render(request, "error.html", s, status=404, message=f"no action {action!r}")
-        j = dashboard.job(s.conn, int(request.path_params["job_id"]))
+        j = dashboard.job(s.conn, _job_id(request))
         return render(request, "confirm.html", s, job=j, action=action, label=ACTIONS[action])
 
     def act(request: Request, s: Session) -> Response:
         action = request.path_params["action"]
-        job_id = int(request.path_params["job_id"])
+        job_id = _job_id(request)
         if action not in ACTIONS:
             return render(request, "error.html", s, status=404, message=f"no action {action!r}")
         try:
@@ -303,9 +357,9 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
     routes = [
         Route("/", page(overview)),
         Route("/jobs", page(jobs)),
-        Route("/jobs/{job_id:int}", page(job)),
-        Route("/jobs/{job_id:int}/{action:str}", page(confirm), methods=["GET"]),
-        Route("/jobs/{job_id:int}/{action:str}", page(act), methods=["POST"]),
+        Route("/jobs/{job_id}", page(job)),
+        Route("/jobs/{job_id}/{action}", page(confirm), methods=["GET"]),
+        Route("/jobs/{job_id}/{action}", page(act), methods=["POST"]),
         Route("/timeline", page(timeline)),
         Route("/live", page(live)),
         Route("/signin", signin, methods=["GET", "POST"]),
@@ -314,8 +368,19 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        sessions.close_all()
+        async def sweep() -> None:
+            # An expired session's connection closes on time, not at the next request.
+            while True:
+                await anyio.sleep(EXPIRE_EVERY)
+                await anyio.to_thread.run_sync(sessions.expire)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(sweep)
+            try:
+                yield
+            finally:
+                tasks.cancel_scope.cancel()
+                sessions.close_all()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.sessions = sessions
@@ -336,9 +401,18 @@ def _form_sync(request: Request) -> dict[str, str]:
     return dict(cached)
 
 
-def _cookie(request: Request, resp: Response, name: str, value: str, max_age: int) -> None:
-    resp.set_cookie(name, value, max_age=max_age, path="/", httponly=True, samesite="strict",
-                    secure=request.url.scheme == "https")
+def _zone(session: Session | None) -> tzinfo | None:
+    """The session's TimeZone, in which PostgreSQL gives it times (None: no session)."""
+    return session.conn.info.timezone if session is not None and not session.conn.closed else None
+
+
+def _job_id(request: Request) -> int:
+    """The job id of the URL; a path that cannot be one (not ASCII digits, beyond an integer) is
+    a job not found, as the id of a job the role may not see is."""
+    text = request.path_params["job_id"]
+    if not (text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MAX_JOB_ID):
+        raise query.JobNotFound(f"job {text[:20]!r} not found: a job's id is a number up to {MAX_JOB_ID}")
+    return int(text)
 
 
 def _safe_next(nxt: str | None) -> str:

@@ -1,12 +1,16 @@
 """SVG geometry for the dashboard's two pictures, from rows already read (pure: the time
 comes in). The templates draw the shapes; nothing here writes markup, so Jinja's escaping
-covers every text. Colours are CSS classes named after outcomes (static/style.css)."""
+covers every text. Colours are CSS classes named after outcomes (static/style.css).
+
+Distances in time are taken between instants (UTC), never by the wall clock of a zone, which
+Python's arithmetic on two datetimes of one zone is: across a DST change that is an hour off.
+Labels are in the zone of the time given as `now` or `end` (the session's)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 # The order stacks and legends use, worst last so a bucket takes the colour of its worst run.
@@ -39,11 +43,11 @@ class Chart:
 
 def runs_per_minute(rows: list[dict[str, Any]], now: datetime, minutes: int = 60, height: int = 160) -> Chart:
     """A stacked bar per minute (oldest left) of the runs that ended in it, by outcome."""
-    first = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
+    first = now.astimezone(UTC).replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
     per: dict[int, dict[str, int]] = defaultdict(dict)
     totals: dict[str, int] = defaultdict(int)
     for r in rows:
-        i = int((r["minute"] - first).total_seconds() // 60)
+        i = int((r["minute"].timestamp() - first.timestamp()) // 60)
         if 0 <= i < minutes:
             per[i][r["outcome"]] = per[i].get(r["outcome"], 0) + int(r["n"])
             totals[r["outcome"]] += int(r["n"])
@@ -53,7 +57,7 @@ def runs_per_minute(rows: list[dict[str, Any]], now: datetime, minutes: int = 60
     rects: list[Rect] = []
     for i, counts in sorted(per.items()):
         y = float(plot_h)
-        at = (first + timedelta(minutes=i)).strftime("%H:%M")
+        at = (first + timedelta(minutes=i)).astimezone(now.tzinfo).strftime("%H:%M")
         for outcome in OUTCOMES:
             n = counts.get(outcome, 0)
             if not n:
@@ -61,7 +65,7 @@ def runs_per_minute(rows: list[dict[str, Any]], now: datetime, minutes: int = 60
             h = plot_h * n / peak
             y -= h
             rects.append(Rect(i * bar_w + 1, y, bar_w - 2, h, outcome, f"{at}: {n} {outcome}"))
-    labels = [(i * bar_w, float(height - 4), (first + timedelta(minutes=i)).strftime("%H:%M"))
+    labels = [(i * bar_w, float(height - 4), (first + timedelta(minutes=i)).astimezone(now.tzinfo).strftime("%H:%M"))
               for i in range(0, minutes, max(1, minutes // 6))]
     legend = [(o, totals[o]) for o in OUTCOMES if totals.get(o)]
     return Chart(WIDTH, height, rects, labels, legend, peak)
@@ -80,16 +84,16 @@ class Timeline:
 
 
 def _x(t: datetime, start: datetime, span: float) -> float:
-    return LABEL_WIDTH + (WIDTH - LABEL_WIDTH) * max(0.0, min(1.0, (t - start).total_seconds() / span))
+    return LABEL_WIDTH + (WIDTH - LABEL_WIDTH) * max(0.0, min(1.0, (t.timestamp() - start.timestamp()) / span))
 
 
 def _frame(start: datetime, end: datetime, jobs: list[dict[str, Any]], link: str) -> Timeline:
     rows = [(i * ROW_HEIGHT + 8.0, f"{j['job_id']} {j['job_name']}", link.format(job_id=j["job_id"]))
             for i, j in enumerate(jobs)]
-    span = (end - start).total_seconds()
-    ticks = [(_x(start + timedelta(seconds=span * k / 6), start, span),
-              (start + timedelta(seconds=span * k / 6)).strftime("%m-%d %H:%M:%S" if span < 600 else "%m-%d %H:%M"))
-             for k in range(7)]
+    span = end.timestamp() - start.timestamp()
+    at = [start.astimezone(UTC) + timedelta(seconds=span * k / 6) for k in range(7)]
+    ticks = [(_x(t, start, span), t.astimezone(end.tzinfo).strftime("%m-%d %H:%M:%S" if span < 600 else "%m-%d %H:%M"))
+             for t in at]
     return Timeline(start, end, WIDTH, len(jobs) * ROW_HEIGHT + 24, rows, ticks=ticks)
 
 
@@ -98,7 +102,7 @@ def timeline(start: datetime, end: datetime, jobs: list[dict[str, Any]], runs: l
     """One bar per run, on its job's row, from its start to its end (at least a pixel wide);
     a skipped or missed plan, which never ran, as a thin mark at its plan time."""
     tl = _frame(start, end, jobs, link)
-    span = (end - start).total_seconds()
+    span = end.timestamp() - start.timestamp()
     y_of = {j["job_id"]: i * ROW_HEIGHT + 8.0 for i, j in enumerate(jobs)}
     for r in runs:
         y = y_of.get(r["job_id"])
@@ -130,7 +134,7 @@ def bucketed(start: datetime, end: datetime, jobs: list[dict[str, Any]], buckets
     counts the runs by outcome (so none is dropped silently)."""
     tl = _frame(start, end, jobs, link)
     tl.bucket = bucket
-    span = (end - start).total_seconds()
+    span = end.timestamp() - start.timestamp()
     y_of = {j["job_id"]: i * ROW_HEIGHT + 8.0 for i, j in enumerate(jobs)}
     grouped: dict[tuple[int, datetime], dict[str, int]] = defaultdict(dict)
     for b in buckets:
@@ -140,7 +144,7 @@ def bucketed(start: datetime, end: datetime, jobs: list[dict[str, Any]], buckets
         if y is None:
             continue
         worst = max(counts, key=lambda o: OUTCOMES.index(o) if o in OUTCOMES else -1)
-        x0, x1 = _x(t0, start, span), _x(t0 + bucket, start, span)
+        x0, x1 = _x(t0, start, span), _x(t0.astimezone(UTC) + bucket, start, span)
         what = ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
         tl.rects.append(Rect(x0, y, max(1.0, x1 - x0 - 0.5), ROW_HEIGHT - 4, f"bucket {worst}",
                              f"{t0:%Y-%m-%d %H:%M:%S} +{int(bucket.total_seconds())}s: {sum(counts.values())} runs "

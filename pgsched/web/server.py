@@ -28,7 +28,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(dsn: str, listen: str, *, single_user: bool, idle: float, lifetime: float) -> None:
+def serve(dsn: str, listen: str, *, single_user: bool, idle: float, lifetime: float,
+          secure_cookies: bool = False) -> None:
     host, port = parse_listen(listen)
     if single_user and not is_loopback(host):
         raise ConfigError(f"--single-user: refusing to listen on {host}: without sign-in the dashboard acts as "
@@ -37,5 +38,5 @@ def serve(dsn: str, listen: str, *, single_user: bool, idle: float, lifetime: fl
 
     from pgsched.web.app import create_app
 
-    app = create_app(dsn, single_user=single_user, idle=idle, lifetime=lifetime)
+    app = create_app(dsn, single_user=single_user, idle=idle, lifetime=lifetime, secure_cookies=secure_cookies)
     uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False)

@@ -2,9 +2,11 @@
 a person typed, so every query of theirs runs as that role and row-level security decides
 what they see. It also owns which refused sign-ins count as guesses (is_guess), for the
 throttle (pgsched/web/throttle.py). The password goes to libpq and nowhere else: not kept,
-not logged, not in an error message. Sessions end after `idle` seconds without a request or `lifetime` seconds in
-all, and their connection is closed. Each session has its own CSRF token, which every POST
-must carry (checked with a constant-time comparison)."""
+not logged, not in an error message, and only the typed one is checked (never a password
+file's). Sessions end after `idle` seconds without a request or `lifetime` seconds in all,
+and their connection is closed; a role keeps at most MAX_PER_ROLE of them (its oldest ends)
+and the process MAX_SESSIONS, since each holds a connection of the server's. Each session has
+its own CSRF token, which every POST must carry (checked with a constant-time comparison)."""
 
 from __future__ import annotations
 
@@ -31,12 +33,22 @@ LOGIN_COOKIE = "pgsched_signin"
 
 
 # Refusals that say nothing of the credentials: the server could not be reached, or was full,
-# starting or stopping (worker.PASSING_REFUSALS), or the client gave up waiting. Every other
-# refusal counts as a guess for the sign-in throttle: the server's messages are in its own
-# lc_messages, so a credential refusal cannot be told by its words, and one that is not known
-# for certain to be something else must count.
-NOT_A_GUESS = (*PASSING_REFUSALS, "timeout expired", "could not connect", "no such file or directory",
+# starting or stopping (worker.PASSING_REFUSALS). Every other refusal counts as a guess for the
+# sign-in throttle: the server's messages are in its own lc_messages, so a credential refusal
+# cannot be told by its words, and one that is not known for certain to be something else must
+# count. A connect_timeout is a guess too: PostgreSQL's auth_delay holds a wrong password's
+# refusal, so a guess answered after the client's timeout would otherwise never count.
+NOT_A_GUESS = (*PASSING_REFUSALS, "could not connect", "no such file or directory",
                "could not translate host name")
+
+# Sessions a role may hold at once (a new sign-in ends its oldest), and sessions in all (a
+# sign-in beyond is refused): each holds one of the server's connections.
+MAX_PER_ROLE = 8
+MAX_SESSIONS = 64
+
+# A sign-in checks the password typed, and nothing else: libpq would take an empty one (or one
+# cut short by a NUL) from a password file of the dashboard's user.
+NO_PASSFILE = "/nonexistent/pgsched-web-reads-no-password-file"
 # psycopg tries each host (and address) of a DSN in turn, and joins the failures of all of them.
 ATTEMPTS_JOINED = "Multiple connection attempts failed. All failures were:"
 
@@ -89,13 +101,16 @@ def open_connection(dsn: str, role: str | None = None, password: str | None = No
 
 
 def connect(dsn: str, role: str | None = None, password: str | None = None) -> Conn:
-    """The DSN's connection, with `role` and `password` in place of its own; not yet set up."""
+    """The DSN's connection, with `role` and `password` in place of its own (and no password
+    file); not yet set up."""
     params: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(dsn)
     if role is not None:
         params["user"] = role
         params["password"] = password
+        params["passfile"] = NO_PASSFILE
     params.setdefault("connect_timeout", 10)
-    conn: Conn = psycopg.connect(autocommit=True, row_factory=dict_row, application_name="pgsched web",
+    params.setdefault("application_name", "pgsched web")
+    conn: Conn = psycopg.connect(autocommit=True, row_factory=dict_row,
                                  **{k: v for k, v in params.items() if v is not None})
     return conn
 
@@ -128,14 +143,23 @@ class Sessions:
 
     @staticmethod
     def check_form(role: str, password: str) -> None:
-        """Refuse a sign-in form that cannot name a role and its password (never a guess)."""
-        if not role or len(role) > 63:
-            raise SignInRefused("role: give the name of a PostgreSQL role (1 to 63 characters)")
-        if not password:
-            raise SignInRefused("password: give the role's PostgreSQL password")
+        """Refuse a sign-in form that cannot name a role and its password (never a guess). libpq
+        ends a value at a NUL: a NUL after `alice` would drop the DSN's host and database after it, and a
+        password cut to nothing would be read from a password file."""
+        if not role or len(role) > 63 or any(ord(c) < 32 or ord(c) == 127 for c in role):
+            raise SignInRefused("role: give the name of a PostgreSQL role (1 to 63 characters, no control characters)")
+        if not password or "\0" in password:
+            raise SignInRefused("password: give the role's PostgreSQL password (it cannot hold a NUL character)")
 
-    def sign_in(self, role: str, password: str) -> Session:
+    def sign_in(self, role: str, password: str, replacing: str | None = None) -> Session:
+        """A new session of `role`; `replacing`: the id of the session the browser had, which ends."""
         self.check_form(role, password)
+        if replacing:
+            self.end(replacing)
+        self.expire()
+        if len(self) >= MAX_SESSIONS:
+            raise SignInRefused(f"sign-in refused: the dashboard holds {MAX_SESSIONS} sessions, its most; "
+                                "try again when one has ended")
         try:
             conn = connect(self.dsn, role, password)
         except psycopg.Error as e:
@@ -144,8 +168,9 @@ class Sessions:
                                 guess=is_guess(e)) from None
         try:
             set_up(conn, self.statement_timeout)
-        except psycopg.Error as e:
-            # In, with the right password: the server refused what followed (not a guess).
+        except (psycopg.Error, PgschedError) as e:
+            # In, with the right password: the server refused what followed, or its schema is not
+            # one this release serves (not a guess).
             raise SignInRefused("sign-in refused: " + first_line(e).replace(password, "***")) from None
         if not conn.pgconn.used_password:
             # trust (or peer, ident, cert) authentication: the password was never checked, so
@@ -170,6 +195,13 @@ class Sessions:
         s = Session(secrets.token_urlsafe(32), role, conn, secrets.token_urlsafe(32), now, now)
         with self._lock:
             self._by_id[s.sid] = s
+            # Oldest first (dicts keep their order of insertion).
+            of_role = [x for x in self._by_id.values() if x.role == role]
+            gone = of_role[:max(0, len(of_role) - MAX_PER_ROLE)]
+            for x in gone:
+                del self._by_id[x.sid]
+        for x in gone:
+            x.close()
         self.expire()
         return s
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -84,3 +85,30 @@ def test_buckets_count_every_run_and_take_the_worst_colour() -> None:
 def test_schedules_the_database_plans_are_described_in_words() -> None:
     assert words.describe("@after") == "after its upstream jobs"
     assert words.describe(" @restart ") == "when the server starts"
+
+
+def test_distances_are_between_instants_across_a_dst_change() -> None:
+    """Times come in the session's zone; a 24-hour window over New York's fall-back is 24 hours,
+    and the two 01:30s of that night (EDT, then EST) are an hour apart on the timeline."""
+    ny = ZoneInfo("America/New_York")
+    now = datetime(2026, 11, 1, 12, 0, tzinfo=ny)  # EST; 01:00-02:00 happened twice that night
+    start = now.astimezone(UTC) - timedelta(hours=24)
+    first = datetime(2026, 11, 1, 1, 30, tzinfo=ny)  # EDT (fold 0)
+    second = datetime(2026, 11, 1, 1, 30, fold=1, tzinfo=ny)  # EST
+    assert second.timestamp() - first.timestamp() == 3600
+    run = {"trigger": "schedule", "sqlstate": None, "message": None, "job_id": 1, "outcome": "success"}
+    runs = [{**run, "run_id": 1, "plan_time": t, "run_from": t, "run_to": t + timedelta(minutes=1)}
+            for t in (first, second)]
+    tl = charts.timeline(start, now, [{"job_id": 1, "job_name": "a"}], runs)
+    span = charts.WIDTH - charts.LABEL_WIDTH
+    a, b = tl.rects
+    assert b.x - a.x == pytest.approx(span / 24)
+    # The ticks are every 4 hours of real time, labelled by New York's clock: 24 hours before
+    # 12:00 EST is 13:00 EDT, and the night's extra hour shows between 01:00 and 04:00.
+    assert [t for _, t in tl.ticks] == ["10-31 13:00", "10-31 17:00", "10-31 21:00", "11-01 01:00",
+                                        "11-01 04:00", "11-01 08:00", "11-01 12:00"]
+    # Runs per minute: the minute an hour before now (by the clock of instants) is 60 bars back.
+    rows = [{"minute": datetime(2026, 11, 1, 11, 50, tzinfo=ny), "outcome": "success", "n": 1}]
+    c = charts.runs_per_minute(rows, now, minutes=60)
+    assert [r.x for r in c.rects] == [pytest.approx(49 * c.width / 60 + 1)]
+    assert c.labels[0][2] == "11:01"

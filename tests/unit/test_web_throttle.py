@@ -102,7 +102,7 @@ def test_the_table_stays_within_its_bound_and_keeps_the_newest() -> None:
 def test_every_refusal_is_a_guess_but_those_known_to_say_nothing_of_the_credentials() -> None:
     """The server's messages are in its lc_messages: a refusal in words the dashboard does not know
     counts (a German "password authentication failed" too); only the server unreachable, full,
-    starting or stopping, or the client's own timeout, do not."""
+    starting or stopping do not (the client's own timeout does)."""
     import psycopg
 
     from pgsched.web.sessions import is_guess
@@ -116,7 +116,8 @@ def test_every_refusal_is_a_guess_but_those_known_to_say_nothing_of_the_credenti
     assert not is_guess(refused('connection to server at "127.0.0.1", port 1 failed: Connection refused'))
     assert not is_guess(refused("FATAL:  sorry, too many clients already"))
     assert not is_guess(refused("FATAL:  the database system is starting up"))
-    assert not is_guess(refused("timeout expired"))
+    # The client's timeout counts: PostgreSQL's auth_delay holds only a wrong password's refusal.
+    assert is_guess(refused("timeout expired"))
     assert not is_guess(refused('connection to server on socket "/x/.s.PGSQL.5432" failed: No such file or directory'))
 
 

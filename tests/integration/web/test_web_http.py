@@ -346,7 +346,7 @@ def test_security_headers(webdb: WebDb, client: TestClient) -> None:
 
 def test_single_user_uses_the_dsns_role_and_only_on_loopback(webdb: WebDb) -> None:
     with TestClient(web_app.create_app(webdb.odb.dsn(webdb.odb.alice), single_user=True),
-                    follow_redirects=False) as c:
+                    base_url="http://127.0.0.1", follow_redirects=False) as c:
         page = c.get("/jobs")
         assert page.status_code == 200 and f'id="role">{webdb.odb.alice}<' in page.text
         assert c.get("/signin").status_code == 303
@@ -425,7 +425,7 @@ def test_a_lost_connection_ends_the_session_and_single_user_reconnects(webdb: We
     assert client.get("/jobs").status_code == 303
     assert len(client.app.state.sessions) == 0  # type: ignore[attr-defined]
     with TestClient(web_app.create_app(webdb.odb.dsn(webdb.odb.alice), single_user=True),
-                    follow_redirects=False) as c:
+                    base_url="http://127.0.0.1", follow_redirects=False) as c:
         assert c.get("/jobs").status_code == 200
         wadmin.execute(kill, (webdb.odb.alice,))
         statuses = [c.get("/jobs").status_code for _ in range(2)]
