@@ -358,11 +358,20 @@ class Scheduler(Requests):
 
     def _wait_seconds(self) -> float:
         now_mono = time.monotonic()
-        candidates = [self._safety_at - now_mono, self._heartbeat_at - now_mono]
+        # Each deadline counts only while the round it is for can run: a heartbeat, a plan's
+        # re-read or a claim need a connection to a primary. Disconnected, the next thing to do
+        # is to reconnect; on a standby, to look whether it was promoted (_safety_at). Counted
+        # regardless, a heartbeat that cannot happen stays due and the loop spun at 100 % CPU.
+        connected = self.store is not None and not self.standby
         if self.store is None:
-            candidates.append(self._reconnect_at - now_mono)
+            candidates = [self._reconnect_at - now_mono]
+        elif self.standby:
+            candidates = [self._safety_at - now_mono]
+        else:
+            candidates = [self._safety_at - now_mono, self._heartbeat_at - now_mono]
         now = self.clock.now()
-        if self.next_due is not None and any(w.idle for w in self.workers.values()) and not self.stopping:
+        if (connected and self.next_due is not None and any(w.idle for w in self.workers.values())
+                and not self.stopping):
             due_in = (self.next_due - now).total_seconds() - self.settings.claim_ahead
             candidates.append(max(due_in, self._hold_claims_until - now_mono))
         for run in self.runs.values():
