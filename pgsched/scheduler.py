@@ -140,15 +140,17 @@ class Scheduler(Requests):
                 self._claim_due()
             self._start_triggers()
             self._flush()
-        except psycopg.OperationalError as e:
-            self._lost_connection(e)
         except psycopg.Error as e:
-            # The schema may have changed under us: `init` of a release whose API window no
-            # longer includes ours drops functions we call. Stop with the one message that
-            # says so (SchemaVersionMismatch), rather than report the same SQL error each round.
+            if isinstance(e, psycopg.OperationalError) and (self.store is None or self.store.lost()):
+                self._lost_connection(e)
+                return
+            # A statement failed on a connection that is still there: a lock timeout (any role
+            # may lock pgsched.job), a catalog row the client cannot read (written by hand). It
+            # must not stop the other jobs, nor cost a reconnect: report it, pause claiming a
+            # moment, and go on. The schema may also have changed under us: `init` of a release
+            # whose API window no longer includes ours drops functions we call; then stop with
+            # the one message that says so (SchemaVersionMismatch), not the same error each round.
             self._check_schema()
-            # A catalog row the client cannot read (written by hand) must not stop the other
-            # jobs: report it, pause claiming a moment, and go on.
             log.error("database error in the scheduler loop (continuing): %s", first_line(e))
             self._hold_claims_until = time.monotonic() + 1.0
             self.dirty = True

@@ -274,6 +274,11 @@ class Store:
         if not self.conn.closed:
             self.conn.close()
 
+    def lost(self) -> bool:
+        """Whether the connection is gone. psycopg raises OperationalError for a lock timeout or a
+        cancelled statement too, after which the connection is fine."""
+        return self.conn.closed or self.conn.broken
+
     def fileno(self) -> int:
         return self.conn.fileno()
 

@@ -299,6 +299,30 @@ def test_scheduler_connection_terminated_mid_run(pg_server: PgServer, jobs_db: s
     assert s.proc.poll() is None
 
 
+def test_a_lock_on_the_catalog_costs_the_loop_a_statement_not_its_connection(jobs_db: str,
+                                                                            serve: ServeFactory) -> None:
+    """Any role may lock pgsched.job (its UPDATE right allows LOCK TABLE): the loop's statements
+    then fail on its 1 s lock_timeout, an OperationalError on a connection that is still there.
+    The loop used to take each for a lost connection and reconnect every second."""
+    dsn = jobs_db
+    job = add_job(dsn, "'tick', '1 second'")
+    s = serve(dsn, *FAST)
+    wait_for(lambda: len(outcomes(dsn, job)) >= 2, 15, "the job to run")
+    backend = query(dsn, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
+                    (s.instance_id,))[0]["backend_pid"]
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE pgsched.job IN ACCESS EXCLUSIVE MODE")
+        s.wait_log("database error in the scheduler loop (continuing): canceling statement due to lock timeout", 10)
+        time.sleep(1.5)
+        locker.rollback()
+    ran = len(outcomes(dsn, job))
+    wait_for(lambda: len(outcomes(dsn, job)) >= ran + 2, 15, "the job to run again after the lock")
+    assert "lost the database connection" not in s.log() and "reconnected" not in s.log(), s.log()[-2000:]
+    assert query(dsn, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
+                 (s.instance_id,))[0]["backend_pid"] == backend
+    assert s.proc.poll() is None
+
+
 def test_an_instance_purged_while_cut_off_registers_again_and_runs_on(pg_server: PgServer, jobs_db: str,
                                                                      serve: ServeFactory) -> None:
     """The scheduler's connection is cut, and while it cannot reconnect its instance row is purged
