@@ -246,6 +246,8 @@ class Scheduler(Requests):
             if store.in_recovery():
                 if not self.standby:
                     log.info("the server is a standby (read-only): idle until it is promoted")
+                    if self.sd is not None:
+                        self.sd.ready("the server is a standby (read-only): idle until it is promoted")
                 self.standby = True
                 self._safety_at = time.monotonic() + self.settings.standby_poll
                 return

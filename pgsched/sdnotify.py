@@ -1,6 +1,8 @@
 """The systemd notification protocol (sd_notify(3)) with the standard library, for
-contrib/systemd/pgsched@.service (Type=notify): READY=1 once the workers are connected,
-WATCHDOG=1 every half WATCHDOG_USEC while the loop turns, STOPPING=1 on shutdown.
+contrib/systemd/pgsched@.service (Type=notify): READY=1 once the workers are connected (or,
+connected to a standby, once it is known to be one: it then idles until promoted, and a start
+that never ends would have systemd kill it), WATCHDOG=1 every half WATCHDOG_USEC while the loop
+turns, STOPPING=1 on shutdown.
 
 The variables are taken out of the environment when read (sd_notify's unset_environment),
 so the workers and the jobs they run do not inherit them: only the scheduler speaks.
@@ -26,6 +28,7 @@ class Notifier:
         self.watchdog_s = watchdog_s
         self.next_ping = time.monotonic()
         self._warned = False
+        self._ready_sent = False
 
     @classmethod
     def from_env(cls, environ: MutableMapping[str, str] | None = None) -> Notifier | None:
@@ -53,7 +56,9 @@ class Notifier:
             return False
 
     def ready(self, status: str) -> None:
-        self.send(f"READY=1\nSTATUS={status}")
+        """READY=1 the first time, with the status; after that the status only."""
+        self.send(f"STATUS={status}" if self._ready_sent else f"READY=1\nSTATUS={status}")
+        self._ready_sent = True
 
     def stopping(self) -> None:
         self.send("STOPPING=1\nSTATUS=stopping")

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -598,7 +599,8 @@ def test_a_scheduler_that_cannot_reach_its_database_waits_between_attempts(serve
     assert s.proc.poll() is None, s.log()
 
 
-def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve: ServeFactory) -> None:
+def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve: ServeFactory,
+                                           tmp_path: Path) -> None:
     dsn = jobs_db
     job = add_job(dsn, "'tick', '1 hour'")
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
@@ -611,9 +613,16 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
     # /readyz says "not ready" on a standby and "ready" once promoted (with pgsched[http]).
     http = importlib.util.find_spec("prometheus_client") is not None
     port = free_port()
+    # Under systemd (Type=notify) the start is over once the standby is known: READY=1 then, or
+    # systemd kills a start that never ends (TimeoutStartSec) and starts it again, and again.
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(10)
     s = serve(replica, "--max-workers", "2", *FAST, *(["--http", f"127.0.0.1:{port}"] if http else []),
-              wait_instance=False)
+              wait_instance=False, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
     s.wait_log("standby", 5)
+    assert notify.recv(1024).decode() == ("READY=1\nSTATUS=the server is a standby (read-only): idle until it "
+                                          "is promoted")
     # Idle means idle: the loop sleeps until its next look at the standby (it used to spin at
     # 100 % CPU on a heartbeat that cannot happen there).
     assert cpu_seconds_over(s.proc.pid, 1.5) < 0.3
@@ -642,6 +651,9 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
         assert get(port, "/readyz") == (200, "ready\n")
     # The primary never saw a run: the standby's scheduler wrote only to the promoted server.
     assert history(dsn, job) == []
+    # Once promoted and its workers connected, the status says so (READY=1 is sent once).
+    assert notify.recv(1024).decode().startswith("STATUS=2 workers connected")
+    notify.close()
 
 
 def test_a_start_that_fails_after_promotion_is_tried_again(jobs_db: str, standby: Cluster,
