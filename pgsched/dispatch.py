@@ -297,6 +297,8 @@ class Dispatch(LoopState):
             log.error("job %s (%s) %s", job.job_id, job.job_name, end.disable_reason)
             message = f"{message} [{end.disable_reason}]"
         log.info("run skipped job=%s run=%s plan=%s: %s", job.job_id, run.run_id, run.plan_time.isoformat(), message)
+        if self.metrics is not None:
+            self.metrics.closed_unrun(Outcome.SKIPPED)
         self.pending.append(Finish(
             run_id=run.run_id, outcome=Outcome.SKIPPED, sqlstate=None, message=message, next_start=end.next_start,
             finished_at=now, disable_reason=end.disable_reason, skipped=end.skipped, excluded=excluded,
@@ -326,6 +328,8 @@ class Dispatch(LoopState):
     def _fail_unrunnable(self, run_id: int, job_id: int, reason: str) -> None:
         """A claimed run whose job cannot run at all: close it and disable the job (no crash loop)."""
         log.error("job %s cannot run and is disabled: %s", job_id, reason)
+        if self.metrics is not None:
+            self.metrics.closed_unrun(Outcome.FAILURE)
         now = self.clock.now()
         self.pending.append(Finish(run_id=run_id, outcome=Outcome.FAILURE, sqlstate="55000", message=reason,
                                    next_start=None, finished_at=now, disable_reason=reason))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgsched.http")
 
-OUTCOMES = ("success", "failure", "timeout", "crash", "cancelled")
+OUTCOMES = ("success", "failure", "timeout", "crash", "cancelled", "skipped")
 STATES = ("scheduled", "starting", "terminating", "disabled")
 
 

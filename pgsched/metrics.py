@@ -54,6 +54,11 @@ class LoopMetrics:
         self.runs[outcome] += 1
         self.duration.observe(max(duration_s, 0.0))
 
+    def closed_unrun(self, outcome: str) -> None:
+        """A claimed plan closed without running (skipped, or a job that cannot run at all, a
+        failure): counted by outcome as job_history records it, with no duration."""
+        self.runs[outcome] += 1
+
     def ticked(self, seconds: float) -> None:
         self.loop.observe(seconds)
         self.last_tick = time.monotonic()
