@@ -34,3 +34,16 @@ class PgCronConflict(PgschedError):
 def first_line(e: BaseException) -> str:
     """The first line of an error's text, for one-line log messages."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+# C0 controls (tab aside), DEL and the C1 controls, as Python escapes them.
+_CONTROLS = {c: repr(chr(c))[1:-1] for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c != 0x09}
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal or a text log line: control characters escaped (\\n, \\x1b), so that
+    text a role wrote (a job's name, an error) cannot move the cursor, erase a line or start a
+    line that looks like another record. Line and paragraph separators are escaped too."""
+    if text.isprintable():
+        return text
+    return text.translate(_CONTROLS).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")

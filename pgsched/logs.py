@@ -16,6 +16,8 @@ from typing import Any
 
 from pythonjsonlogger.json import JsonEncoder, JsonFormatter
 
+from pgsched.errors import printable
+
 # The keys of a run's start and end records (pgsched/dispatch.py): what each holds.
 RUN_FIELDS = ("job_id", "job_name", "run_id", "outcome", "duration_s", "lag_s", "sqlstate", "instance_id")
 
@@ -88,6 +90,15 @@ class HeldRecords:
             self.logger.handle(records.pop(0))
 
 
+class TextFormatter(logging.Formatter):
+    """One line a record (its traceback aside): a job's name or error holding a newline or an
+    escape sequence cannot forge another record or rewrite the terminal (errors.printable)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+
 def setup(fmt: str = "text", level: str = "info") -> None:
     # Neither format shows where a record was logged from, nor its thread or process: the logging
     # module's documented switches (Logging HOWTO, "Optimization") leave them out of every record,
@@ -100,7 +111,7 @@ def setup(fmt: str = "text", level: str = "info") -> None:
     if fmt == "json":
         handler.setFormatter(PgschedJsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pgsched.errors import printable
 from pgsched.ops import query
 
 CHANNEL = "pgsched_events"
@@ -71,11 +72,12 @@ def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
 
 
 def text(e: dict[str, Any]) -> str:
-    """One line for a person."""
+    """One line for a person: what roles wrote (a job's name, an error) cannot break it into
+    others or drive the terminal (errors.printable)."""
     plan = e.get("plan_time")
     head = f"{plan.isoformat() if plan is not None else '-'} job {e['job_id']} ({e.get('job_name')})"
     if e["event"] == "job_disabled":
-        return f"{head} DISABLED: {e.get('disabled_reason') or 'no reason recorded'}"
+        return printable(f"{head} DISABLED: {e.get('disabled_reason') or 'no reason recorded'}")
     err = f" [{e['sqlstate']}]" if e.get("sqlstate") else ""
-    return f"{head} run {e['run_id']} attempt {e.get('attempt')} {str(e.get('outcome')).upper()}{err}: " \
-           f"{e.get('message') or ''}".rstrip(": ")
+    return printable(f"{head} run {e['run_id']} attempt {e.get('attempt')} {str(e.get('outcome')).upper()}{err}: "
+                     f"{e.get('message') or ''}".rstrip(": "))

@@ -102,3 +102,33 @@ def test_held_records_are_written_only_when_asked_in_order_with_the_time_they_we
         logger.removeHandler(out)
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
+
+
+def test_a_text_record_is_one_line_whatever_a_role_wrote_into_it() -> None:
+    """A job's name holding an escape sequence and a newline cannot rewrite the terminal or forge
+    another record (review of 2026-11-29); its traceback still follows on lines of its own."""
+    name = "evil\x1b[2K\r2026-11-29 job 1 (payroll) FAILURE [XX000]: fake\nline2\x85"
+    formatter = logs.TextFormatter("%(levelname)s %(name)s: %(message)s")
+    record = logging.LogRecord("pgsched.scheduler", logging.ERROR, __file__, 1, "job %s (%s) disabled",
+                               (7, name), None)
+    out = formatter.format(record)
+    assert out == ("ERROR pgsched.scheduler: job 7 (evil\\x1b[2K\\r2026-11-29 job 1 (payroll) FAILURE [XX000]: "
+                   "fake\\nline2\\x85) disabled")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("pgsched", logging.ERROR, __file__, 1, "tab\tand caf\u00e9", (), sys.exc_info())
+    lines = formatter.format(record).splitlines()
+    assert lines[0] == "ERROR pgsched: tab\tand caf\u00e9" and lines[-1] == "ValueError: boom"
+
+
+def test_watch_lines_escape_control_characters() -> None:
+    from datetime import UTC, datetime
+
+    from pgsched.ops import watch
+
+    line = watch.text({"event": "run_end", "job_id": 3, "job_name": "a\x1b]0;x\x07\nb", "run_id": 9, "attempt": 1,
+                       "outcome": "failure", "sqlstate": "P0001", "message": "two\nlines",
+                       "plan_time": datetime(2026, 11, 29, tzinfo=UTC)})
+    assert line == ("2026-11-29T00:00:00+00:00 job 3 (a\\x1b]0;x\\x07\\nb) run 9 attempt 1 FAILURE [P0001]: "
+                    "two\\nlines")
