@@ -231,11 +231,12 @@ def event_details(conn: Conn, run_id: int | None, job_id: int) -> Row | None:
     if run_id is not None:
         return conn.execute(
             "SELECT h.job_id, h.job_name, h.outcome, h.attempt, h.plan_time, h.sqlstate, "
-            "       split_part(h.message, E'\\n', 1) AS message, s.state, s.disabled_reason "
+            "       split_part(h.message, E'\\n', 1) AS message, s.state, s.disabled_reason, "
+            "       extract(epoch FROM now() - h.finished_at)::float8 AS ended_ago_s "
             "  FROM pgsched.job_history h JOIN pgsched.job_stats s ON s.job_id = h.job_id WHERE h.run_id = %s",
             (run_id,)).fetchone()
     return conn.execute("SELECT job_id, job_name, NULL AS outcome, NULL AS attempt, NULL AS plan_time, "
-                        "       NULL AS sqlstate, NULL AS message, state, disabled_reason "
+                        "       NULL AS sqlstate, NULL AS message, state, disabled_reason, NULL AS ended_ago_s "
                         "  FROM pgsched.job_stats WHERE job_id = %s", (job_id,)).fetchone()
 
 

@@ -6,6 +6,7 @@ see is not shown."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,26 +18,42 @@ EVENTS = ("run_end", "job_disabled")  # README "Events"
 FAILED = ("failure", "timeout", "crash", "cancelled")  # the outcomes a run_end is sent for
 
 
+# A run_end names a run that ended a moment ago; one that names a run ended longer ago than this
+# is a notification sent again (anyone may NOTIFY), not news.
+RECENT_S = 60.0
+
+
 def follow(conn: query.Conn, *, limit: int | None = None, timeout: float | None = None,
            on_listening: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
-    """The visible events as they come, each with its details; stops after `limit` events or
-    `timeout` seconds without one (None: never)."""
+    """The visible events as they come, each with its details, each run's end once; stops after
+    `limit` events or `timeout` seconds without one shown (None: never): events this role may not
+    see, or that the views do not bear out, do not hold it open."""
     conn.execute(f"LISTEN {CHANNEL}")
     if on_listening is not None:
         on_listening()
     shown = 0
+    ended: set[int] = set()  # the runs whose end was shown
+    deadline = None if timeout is None else time.monotonic() + timeout
     while limit is None or shown < limit:
-        # Read first, then query: the generator holds the connection while it waits.
-        payloads = [n.payload for n in conn.notifies(timeout=timeout, stop_after=1)]
-        if not payloads:
+        wait = None if deadline is None else deadline - time.monotonic()
+        if wait is not None and wait <= 0:
             return
+        # Read first, then query: the generator holds the connection while it waits.
+        payloads = [n.payload for n in conn.notifies(timeout=wait, stop_after=1)]
         for payload in payloads:
             if limit is not None and shown >= limit:
                 return
             event = describe(conn, payload)
-            if event is not None:
-                shown += 1
-                yield event
+            if event is None:
+                continue
+            if event["event"] == "run_end":
+                if event["run_id"] in ended:
+                    continue
+                ended.add(event["run_id"])
+            shown += 1
+            if timeout is not None:
+                deadline = time.monotonic() + timeout
+            yield event
 
 
 def _id(value: Any) -> int | None:
@@ -59,10 +76,12 @@ def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
     if job_id is None or (event.get("run_id") is not None and run_id is None) or \
             (event["event"] == "run_end" and run_id is None):
         return None
-    details = query.event_details(conn, run_id, job_id)
-    if details is None or details["job_id"] != job_id:
+    found = query.event_details(conn, run_id, job_id)
+    if found is None or found["job_id"] != job_id:
         return None
-    if event["event"] == "run_end" and details["outcome"] not in FAILED:
+    details = dict(found)
+    ended_ago = details.pop("ended_ago_s")
+    if event["event"] == "run_end" and (details["outcome"] not in FAILED or (ended_ago or 0.0) > RECENT_S):
         return None
     # (A running job disabled meanwhile, by its upstream's pause say, is 'starting' with the reason
     # set until its run ends.)

@@ -178,3 +178,53 @@ def test_watch_believes_the_views_not_the_notification(dsn: str, roles: tuple[st
     for e in events:
         assert (e["event"], e["job_id"], e["job_name"], e["state"], e["disabled_reason"], e["plan_time"]) == (
             "job_disabled", job, "watched", "disabled", "a reason", None), e
+
+
+def test_watch_shows_a_runs_end_once_and_only_while_it_is_news(dsn: str, roles: tuple[str, str, str]) -> None:  # noqa: F811
+    """A notification sent again (anyone may NOTIFY) naming a run that failed long ago, or one
+    already shown, is not shown; a run that just failed is, once."""
+    _, as_alice, alice = roles
+    job = _owned_by(dsn, alice, "'tick', '1 hour', job_name => 'watched', initial_start => '2100-01-01 00:00+00'")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        old_run, new_run = (c.execute("INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, "
+                                      "outcome, sqlstate, message) SELECT %s, t, t, t, 'failure', 'P0001', %s "
+                                      "FROM (SELECT now() - %s::interval AS t) x RETURNING run_id",
+                                      (job, f"boom {ago}", ago)).fetchone()[0]  # type: ignore[index]
+                            for ago in ("10 minutes", "0 seconds"))
+    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", as_alice, "--json", "--count", "2",
+                          "--timeout", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert w.stderr is not None
+        assert "watching" in w.stderr.readline()
+        with psycopg.connect(as_alice, autocommit=True) as c:
+            for run in (old_run, new_run, new_run, old_run):
+                c.execute("SELECT pg_notify('pgsched_events', %s)",
+                          (json.dumps({"event": "run_end", "job_id": job, "run_id": run}),))
+        out, err = w.communicate(timeout=20)
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert w.returncode == 0, err
+    assert [(e["run_id"], e["message"]) for e in map(json.loads, out.splitlines())] == [(new_run, "boom 0 seconds")]
+
+
+def test_watch_times_out_while_only_events_it_may_not_see_arrive(dsn: str, roles: tuple[str, str, str]) -> None:  # noqa: F811
+    """--timeout counts from the last event shown: another role's events (which this role's views
+    do not bear out) used to reset it, and the watch never ended."""
+    _, as_alice, _ = roles
+    started = time.monotonic()
+    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", as_alice, "--timeout", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while w.poll() is None and time.monotonic() - started < 15:
+                c.execute("SELECT pg_notify('pgsched_events', %s)",
+                          (json.dumps({"event": "job_disabled", "job_id": 424242}),))
+                time.sleep(0.3)
+        assert w.wait(timeout=5) == 0
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+    assert time.monotonic() - started < 12
