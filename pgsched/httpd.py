@@ -6,15 +6,22 @@ from pgsched.metrics.LoopMetrics and the loop's state at scrape time: nothing is
 run beyond a few additions. The catalog's numbers (jobs by state, each job's last success)
 are read at scrape time on a connection of this thread's own, never the loop's. Per-job
 series stop above `metrics_max_jobs` jobs (README "Metrics"), so that a scrape stays small.
+
+Each connection costs the scheduler's process a thread and a file descriptor, so the server keeps
+at most MAX_CONNECTIONS and times each one out after CONNECTION_TIMEOUT_S without traffic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
@@ -31,6 +38,18 @@ log = logging.getLogger("pgsched.http")
 
 OUTCOMES = ("success", "failure", "timeout", "crash", "cancelled")
 STATES = ("scheduled", "starting", "terminating", "disabled")
+
+# A connection's socket timeout, for each read and write: a client that sends nothing (or stops
+# reading) is dropped after it. Read when a connection opens (tests lower it).
+CONNECTION_TIMEOUT_S = 10.0
+# Connections open at once. Beyond, the oldest one still waiting for its request is closed to
+# make room (a scraper sends its request at once, so an idle flood cannot keep it out); when all
+# are serving a request, the new one is closed. Either way without starting a thread for it.
+MAX_CONNECTIONS = 32
+# The listen backlog: a burst of connections is accepted (and capped) rather than left to retry.
+LISTEN_BACKLOG = 128
+# At most one warning per this many seconds that the cap is reached (a flood would repeat it).
+FULL_WARNING_EVERY_S = 60.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -157,10 +176,131 @@ def readiness(sched: LoopState) -> tuple[int, str]:
     return 200, "ready\n"
 
 
+class Connections:
+    """The server's open connections, oldest first, each marked once its request has been read:
+    never more than MAX_CONNECTIONS."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: dict[socket.socket, bool] = {}  # connection -> its request has been read
+        self.warned_at = -FULL_WARNING_EVERY_S
+
+    def admit(self, conn: socket.socket) -> bool:
+        """Room for `conn`, made if need be by closing the oldest connection still waiting for its
+        request; False when every one is serving a request."""
+        with self.lock:
+            if len(self.open) >= MAX_CONNECTIONS:
+                idle = next((c for c, asked in self.open.items() if not asked), None)
+                self._warn_full(idle is not None)
+                if idle is None:
+                    return False
+                del self.open[idle]
+                # Its thread, blocked reading, sees the end of the stream and ends. (A socket
+                # closed meanwhile has no descriptor any more: this cannot touch another's.)
+                with contextlib.suppress(OSError):
+                    idle.shutdown(socket.SHUT_RDWR)
+            self.open[conn] = False
+            return True
+
+    def asked(self, conn: socket.socket) -> None:
+        """`conn` has sent its request: it is served, no longer closed to make room."""
+        with self.lock:
+            if conn in self.open:
+                self.open[conn] = True
+
+    def ended(self, conn: socket.socket) -> None:
+        with self.lock:
+            self.open.pop(conn, None)
+
+    def _warn_full(self, evicting: bool) -> None:
+        now = time.monotonic()
+        if now - self.warned_at >= FULL_WARNING_EVERY_S:
+            self.warned_at = now
+            log.warning("http: %d connections open (the most served at once): %s", MAX_CONNECTIONS,
+                        "closing the oldest idle one" if evicting else "refusing a new one")
+
+
+@dataclass
+class Site:
+    """What the handler answers from: the scheduler's state and /metrics' body and type."""
+
+    sched: LoopState
+    metrics: Callable[[], bytes]
+    metrics_type: str
+
+
+class Server(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a thread per connection, at most MAX_CONNECTIONS of them."""
+
+    daemon_threads = True
+    # stop() does not wait for the connections' threads (an idle one may take
+    # CONNECTION_TIMEOUT_S); they are daemons, and end with their connection or the process.
+    block_on_close = False
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], site: Site) -> None:
+        self.site = site
+        self.connections = Connections()
+        super().__init__(address, Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        conn = cast(socket.socket, request)
+        if not self.connections.admit(conn):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.ended(conn)  # no thread started: its slot is free again
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.ended(cast(socket.socket, request))
+
+
+class Handler(BaseHTTPRequestHandler):
+    """/metrics, /healthz and /readyz (HTTP/1.0: one request per connection)."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(CONNECTION_TIMEOUT_S)
+
+    @property
+    def site(self) -> Site:
+        return cast(Server, self.server).site
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if ok:
+            cast(Server, self.server).connections.asked(self.connection)
+        return ok
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            code, body, ctype = 200, self.site.metrics(), self.site.metrics_type
+        elif path in ("/healthz", "/readyz"):
+            code, text = health(self.site.sched) if path == "/healthz" else readiness(self.site.sched)
+            body, ctype = text.encode(), "text/plain; charset=utf-8"
+        else:
+            code, body, ctype = 404, b"not found: /metrics, /healthz, /readyz\n", "text/plain; charset=utf-8"
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+
 class HttpServer:
     """The listening server and its thread."""
 
-    def __init__(self, server: ThreadingHTTPServer, catalog: CatalogReader) -> None:
+    def __init__(self, server: Server, catalog: CatalogReader) -> None:
         self.server = server
         self.catalog = catalog
         self.thread = threading.Thread(target=server.serve_forever, name="pgsched-http", daemon=True)
@@ -188,30 +328,10 @@ def start_http(address: str, sched: LoopState, catalog_dsn: str | None = None) -
     catalog = CatalogReader(catalog_dsn or sched.settings.dsn)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Exporter(sched, catalog))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                code, body, ctype = 200, generate_latest(registry), CONTENT_TYPE_LATEST
-            elif path in ("/healthz", "/readyz"):
-                code, text = health(sched) if path == "/healthz" else readiness(sched)
-                body, ctype = text.encode(), "text/plain; charset=utf-8"
-            else:
-                code, body, ctype = 404, b"not found: /metrics, /healthz, /readyz\n", "text/plain; charset=utf-8"
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
+    site = Site(sched, lambda: generate_latest(registry), CONTENT_TYPE_LATEST)
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = Server((host, port), site)
     except OSError as e:
         raise ConfigError(f"--http: cannot listen on {address}: {e.strerror or e}") from None
-    server.daemon_threads = True
     log.info("serving /metrics, /healthz and /readyz on http://%s:%s", host or "0.0.0.0", server.server_address[1])
     return HttpServer(server, catalog)

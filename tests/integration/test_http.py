@@ -4,7 +4,9 @@ installed; /healthz and /readyz."""
 
 from __future__ import annotations
 
+import select
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +22,7 @@ import pytest
 pytest.importorskip("prometheus_client", reason="pgsched[http] is not installed")
 from prometheus_client.parser import text_string_to_metric_families
 
+from pgsched import httpd
 from pgsched.errors import ConfigError
 from pgsched.httpd import HttpServer, parse_address, start_http
 from pgsched.scheduler import Scheduler, Settings
@@ -147,6 +150,43 @@ def test_health_and_readiness_follow_the_loop(served: Served) -> None:
     served.sched.metrics.last_tick -= served.sched.settings.dead_after + 1
     code, text = served.get("/healthz")
     assert code == 503 and "has not ticked" in text
+
+
+def closed_by_the_server(conns: list[socket.socket]) -> list[socket.socket]:
+    """Those of `conns` the server has closed (the end of the stream is readable; nothing was asked)."""
+    return [c for c in select.select(conns, [], [], 0)[0] if not c.recv(1)]
+
+
+def test_idle_connections_are_bounded_and_time_out(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each open connection holds a thread and a file descriptor of the scheduler's process: ~1,000
+    idle ones once made it die of EMFILE. At most MAX_CONNECTIONS are served; beyond, the oldest
+    still waiting for its request is closed, so /metrics still answers; one that sends nothing is
+    closed after CONNECTION_TIMEOUT_S."""
+    wait(lambda: served.get("/readyz")[0] == 200)
+    threads = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", served.server.port), timeout=5)
+            for _ in range(2 * httpd.MAX_CONNECTIONS + 8)]
+    try:
+        began = time.monotonic()
+        assert served.get("/metrics")[0] == 200
+        assert time.monotonic() - began < 2
+        assert threading.active_count() <= threads + httpd.MAX_CONNECTIONS + 2
+        closed: set[socket.socket] = set()
+
+        def evicted() -> bool:
+            closed.update(closed_by_the_server([c for c in idle if c not in closed]))
+            return len(closed) >= len(idle) + 1 - httpd.MAX_CONNECTIONS  # + 1: the scrape's own
+
+        wait(evicted)
+        assert not closed & set(idle[1 - httpd.MAX_CONNECTIONS:])  # the oldest went, the newest stay
+    finally:
+        for c in idle:
+            c.close()
+    monkeypatch.setattr(httpd, "CONNECTION_TIMEOUT_S", 0.3)
+    with socket.create_connection(("127.0.0.1", served.server.port), timeout=5) as silent:
+        began = time.monotonic()
+        assert silent.recv(1) == b""
+        assert 0.25 <= time.monotonic() - began < 2
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None,
