@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -259,6 +260,16 @@ class Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.connections.ended(cast(socket.socket, request))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection's error, logged through pgsched.http: socketserver's own prints a traceback
+        to stderr, lines that are not JSON under --log-format json. A client that left or stalled
+        is its own business (debug); anything else is an error of ours."""
+        e = sys.exc_info()[1]
+        if isinstance(e, ConnectionError | TimeoutError):  # BrokenPipeError, ConnectionResetError, ...
+            log.debug("http: the client left or stalled (%s): %s", client_address, e)
+        else:
+            log.exception("http: error answering %s", client_address)
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import select
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -187,6 +188,25 @@ def test_idle_connections_are_bounded_and_time_out(served: Served, monkeypatch: 
         began = time.monotonic()
         assert silent.recv(1) == b""
         assert 0.25 <= time.monotonic() - began < 2
+
+
+def test_a_client_that_leaves_early_prints_nothing(served: Served, capfd: pytest.CaptureFixture[str],
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """socketserver prints the traceback of a connection's error to stderr, which breaks
+    --log-format json's one object per line: a client's departure is logged (debug) through
+    pgsched.http instead, and any other error as an error record."""
+    caplog.set_level("DEBUG", logger="pgsched.http")
+    capfd.readouterr()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", served.server.port), timeout=5) as c:
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: loc")
+            # Closed with a reset (linger 0), as a client that gives up does.
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    wait(lambda: not served.server.server.connections.open)
+    assert served.get("/healthz")[0] == 200
+    out, err = capfd.readouterr()
+    assert err == "" and out == ""
+    assert any("the client left" in r.getMessage() for r in caplog.records if r.name == "pgsched.http")
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None,
