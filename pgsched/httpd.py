@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
+import psycopg.conninfo
 
 from pgsched.config import pin_search_path
 from pgsched.errors import ConfigError, first_line
@@ -49,6 +50,16 @@ CONNECTION_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 32
 # The listen backlog: a burst of connections is accepted (and capped) rather than left to retry.
 LISTEN_BACKLOG = 128
+# The catalog's read for a scrape (CatalogReader): a lock it waits for more than LOCK_TIMEOUT_S,
+# or a statement longer than STATEMENT_TIMEOUT_S, and the scrape goes without the catalog's series.
+# Read when the connection opens (tests change them).
+LOCK_TIMEOUT_S = 1.0
+STATEMENT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5
+# TCP keepalives of that connection (libpq's parameters), unless its DSN sets them.
+KEEPALIVES = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
+# How long stopping waits for the cancel of a read in progress, then for the read to end.
+CLOSE_WAIT_S = 2.0
 # At most one warning per this many seconds that the cap is reached (a flood would repeat it).
 FULL_WARNING_EVERY_S = 60.0
 
@@ -66,40 +77,91 @@ class CatalogReader:
     """The catalog's numbers for a scrape, on a connection of the HTTP thread (re-opened when lost),
     read through pgsched.job_stats (security_invoker): the jobs the connection's role may see, under
     the same row-level security as every other view. With the scheduler's DSN that is every job;
-    serve --metrics-dsn names a role that sees fewer."""
+    serve --metrics-dsn names a role that sees fewer.
+
+    Any role may lock pgsched.job (PUBLIC has UPDATE on it), so a read is bounded: lock_timeout
+    and statement_timeout on the session, TCP keepalives against a server gone silent; a scrape
+    that cannot read in time goes without the catalog's series. close() cancels a read in
+    progress rather than waiting for it."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.conn: psycopg.Connection[tuple[Any, ...]] | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one read at a time; held for the read
+        self.closed = False
 
     def read(self, max_jobs: int) -> tuple[dict[str, int], list[tuple[int, str, float]] | None] | None:
-        """(jobs by state, per job (id, name, last success epoch) or None above max_jobs); None: unreachable."""
-        with self.lock:
-            try:
-                if self.conn is None or self.conn.closed:
-                    self.conn = psycopg.connect(self.dsn, autocommit=True, application_name="pgsched metrics",
-                                                connect_timeout=5)
-                    pin_search_path(self.conn)
-                states = {str(s): int(n) for s, n in self.conn.execute(
-                    "SELECT state, count(*) FROM pgsched.job_stats GROUP BY state")}
-                if sum(states.values()) > max_jobs:
-                    return states, None
-                last = [(int(j), str(name), float(t)) for j, name, t in self.conn.execute(
-                    "SELECT job_id, job_name, extract(epoch FROM last_successful_finish)::float8 "
-                    "  FROM pgsched.job_stats WHERE last_successful_finish IS NOT NULL ORDER BY job_id")]
-                return states, last
-            except psycopg.Error as e:
-                log.warning("metrics: cannot read the catalog: %s", first_line(e))
-                if self.conn is not None:
-                    self.conn.close()
-                self.conn = None
+        """(jobs by state, per job (id, name, last success epoch) or None above max_jobs); None: not
+        readable now (unreachable, locked, another scrape reading, closed)."""
+        # Another scrape reading (blocked, say) is waited for no longer than a lock would be.
+        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            log.warning("metrics: the catalog's series left out: another scrape is still reading them")
+            return None
+        try:
+            if self.closed:
                 return None
+            if self.conn is None or self.conn.closed:
+                self.conn = self._connect()
+            return self._query(self.conn, max_jobs)
+        except psycopg.Error as e:
+            (log.debug if self.closed else log.warning)("metrics: cannot read the catalog: %s", first_line(e))
+            # A timeout or a cancel leaves the session usable; anything that broke it, a new one.
+            if self.conn is not None and (self.conn.broken or self.closed):
+                self.conn.close()
+                self.conn = None
+            return None
+        finally:
+            self.lock.release()
+
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
+        # Keepalives unless the DSN sets its own: a read waiting on a server that vanished from the
+        # network would otherwise wait for TCP's retransmissions to give up (many minutes).
+        given = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        dsn = psycopg.conninfo.make_conninfo(self.dsn, **{k: v for k, v in KEEPALIVES.items() if k not in given})
+        conn = psycopg.connect(dsn, autocommit=True, application_name="pgsched metrics",
+                               connect_timeout=CONNECT_TIMEOUT_S)
+        try:
+            pin_search_path(conn)
+            # Parameters of set_config, not SQL text; for this session, every read.
+            conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false), "
+                         "       pg_catalog.set_config('statement_timeout', %s, false)",
+                         (f"{round(LOCK_TIMEOUT_S * 1000)}ms", f"{round(STATEMENT_TIMEOUT_S * 1000)}ms"))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _query(conn: psycopg.Connection[tuple[Any, ...]],
+               max_jobs: int) -> tuple[dict[str, int], list[tuple[int, str, float]] | None]:
+        states = {str(s): int(n) for s, n in conn.execute(
+            "SELECT state, count(*) FROM pgsched.job_stats GROUP BY state")}
+        if sum(states.values()) > max_jobs:
+            return states, None
+        last = [(int(j), str(name), float(t)) for j, name, t in conn.execute(
+            "SELECT job_id, job_name, extract(epoch FROM last_successful_finish)::float8 "
+            "  FROM pgsched.job_stats WHERE last_successful_finish IS NOT NULL ORDER BY job_id")]
+        return states, last
 
     def close(self) -> None:
-        with self.lock:
+        """Close the connection; a read in progress is cancelled, and waited for CLOSE_WAIT_S at
+        most (the scheduler is stopping: a read that will not end is left to the process' exit)."""
+        self.closed = True  # no read starts from now on
+        conn = self.conn
+        if self.lock.locked() and conn is not None and not conn.closed:
+            try:
+                conn.cancel_safe(timeout=CLOSE_WAIT_S)
+            except psycopg.Error as e:
+                log.debug("metrics: cannot cancel the catalog's read: %s", first_line(e))
+        if not self.lock.acquire(timeout=CLOSE_WAIT_S):
+            log.warning("metrics: a read of the catalog did not end on cancel; left to the process' exit")
+            return
+        try:
             if self.conn is not None:
                 self.conn.close()
+                self.conn = None
+        finally:
+            self.lock.release()
 
 
 class Exporter:

@@ -4,6 +4,7 @@ installed; /healthz and /readyz."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import shutil
 import socket
@@ -15,9 +16,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pytest
 
 pytest.importorskip("prometheus_client", reason="pgsched[http] is not installed")
@@ -207,6 +210,54 @@ def test_a_client_that_leaves_early_prints_nothing(served: Served, capfd: pytest
     out, err = capfd.readouterr()
     assert err == "" and out == ""
     assert any("the client left" in r.getMessage() for r in caplog.records if r.name == "pgsched.http")
+
+
+@contextlib.contextmanager
+def catalog_locked(pg_server: PgServer, db: str) -> Iterator[None]:
+    """pgsched.job locked ACCESS EXCLUSIVE for the block by a role of no standing: any role may
+    (PUBLIC has UPDATE on it, row-level security deciding which rows), for as long as it likes."""
+    with cluster_roles(pg_server, ("mallory",)) as names, psycopg.connect(dsn_as(db, names["mallory"])) as conn:
+        conn.execute("LOCK TABLE pgsched.job IN ACCESS EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
+def scrape_waits_on_a_lock(db: str) -> bool:
+    with psycopg.connect(db, autocommit=True) as conn:
+        return bool(one(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgsched metrics' "
+                              "AND wait_event_type = 'Lock'"))
+
+
+def test_a_locked_catalog_does_not_hang_a_scrape(pg_server: PgServer, db: str, served: Served) -> None:
+    """The catalog's series are read under lock_timeout and statement_timeout: when they cannot be
+    read in time, /metrics answers with the loop's own series, as when the database is down."""
+    wait(lambda: served.get("/readyz")[0] == 200)
+    with catalog_locked(pg_server, db):
+        began = time.monotonic()
+        s = served.samples()
+        assert time.monotonic() - began < 2.5
+        assert s[("pgsched_up", ())] == 1 and ("pgsched_runs_total", (("outcome", "success"),)) in s
+        assert not any(k[0] == "pgsched_jobs" for k in s)
+        conn = served.server.catalog.conn
+    assert any(k[0] == "pgsched_jobs" for k in served.samples())  # once the lock is gone,
+    assert conn is not None and served.server.catalog.conn is conn  # on the same connection
+
+
+def test_stop_cancels_a_blocked_scrape(pg_server: PgServer, db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM during a scrape blocked on the catalog took 24 s to exit: closing waited on the read.
+    It cancels the read now (the timeouts raised here so that only the cancel can end it)."""
+    monkeypatch.setattr(httpd, "LOCK_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(httpd, "STATEMENT_TIMEOUT_S", 60.0)
+    for served in serving(db):
+        wait(lambda w=served: w.get("/readyz")[0] == 200)
+        with catalog_locked(pg_server, db), ThreadPoolExecutor(1) as pool:
+            scrape = pool.submit(served.get, "/metrics")
+            wait(lambda: scrape_waits_on_a_lock(db))
+            began = time.monotonic()
+            served.server.stop()
+            assert time.monotonic() - began < 2
+            code, text = scrape.result(timeout=5)
+            assert code == 200 and "pgsched_up" in text and "pgsched_jobs" not in text
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None,
