@@ -218,8 +218,6 @@ def health(sched: LoopState) -> tuple[int, str]:
     """/healthz: the loop has ticked within dead_after (what peers allow a heartbeat)."""
     m = sched.metrics
     assert m is not None
-    import time
-
     age = time.monotonic() - m.last_tick
     if age <= sched.settings.dead_after:
         return 200, f"ok: the loop ticked {age:.1f}s ago\n"
@@ -227,9 +225,13 @@ def health(sched: LoopState) -> tuple[int, str]:
 
 
 def readiness(sched: LoopState) -> tuple[int, str]:
-    """/readyz: connected to a writable primary with a compatible schema (checked on every connect), not stopping."""
+    """/readyz: healthy (a hung loop stays connected, but runs nothing), connected to a writable
+    primary with a compatible schema (checked on every connect), not stopping."""
     if sched.stopping:
         return 503, "stopping\n"
+    code, text = health(sched)
+    if code != 200:
+        return code, text
     if sched.store is None:
         return 503, "not connected to the database\n"
     if sched.standby:

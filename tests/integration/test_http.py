@@ -55,17 +55,43 @@ class Served:
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def serving(db: str, catalog_dsn: str | None = None, **settings: Any) -> Iterator[Served]:
+class Hold:
+    """Hangs the scheduler loop at the start of its next round while held, as a loop stuck in
+    some call would hang: it stops ticking, and stays connected."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.released.set()
+        self.hung = threading.Event()  # the loop is waiting
+
+    def hold(self) -> None:
+        self.hung.clear()
+        self.released.clear()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __call__(self) -> bool:
+        if not self.released.is_set():
+            self.hung.set()
+            self.released.wait()
+        return False
+
+
+def serving(db: str, catalog_dsn: str | None = None, hold: Hold | None = None, **settings: Any) -> Iterator[Served]:
     opts: dict[str, Any] = {"max_workers": 3, "crash_wait": 1.0, "safety_interval": 0.2, **settings}
     sched = Scheduler(Settings(dsn=db, **opts))
     server = start_http("127.0.0.1:0", sched, catalog_dsn)
     stop = threading.Event()
-    t = threading.Thread(target=sched.run, kwargs={"until": stop.is_set})
+    until = stop.is_set if hold is None else lambda: hold() or stop.is_set()
+    t = threading.Thread(target=sched.run, kwargs={"until": until})
     t.start()
     try:
         yield Served(sched, server, stop)
     finally:
         stop.set()
+        if hold is not None:
+            hold.release()
         t.join(20)
         server.stop()
 
@@ -258,6 +284,23 @@ def test_stop_cancels_a_blocked_scrape(pg_server: PgServer, db: str, monkeypatch
             assert time.monotonic() - began < 2
             code, text = scrape.result(timeout=5)
             assert code == 200 and "pgsched_up" in text and "pgsched_jobs" not in text
+
+
+def test_readiness_fails_while_the_loop_is_hung(db: str) -> None:
+    """A loop that stopped ticking is still connected: /readyz said 200 while /healthz said 503.
+    Ready now also means healthy."""
+    hold = Hold()
+    for served in serving(db, hold=hold):
+        wait(lambda w=served: w.get("/readyz")[0] == 200)
+        hold.hold()
+        assert hold.hung.wait(5)
+        assert served.sched.metrics is not None and served.sched.store is not None
+        served.sched.metrics.last_tick -= served.sched.settings.dead_after + 1
+        assert served.get("/healthz")[0] == 503
+        code, text = served.get("/readyz")
+        assert code == 503 and "has not ticked" in text
+        hold.release()
+        wait(lambda w=served: w.get("/readyz") == (200, "ready\n"))
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None,
