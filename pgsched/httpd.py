@@ -73,6 +73,32 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@dataclass(frozen=True)
+class Listen:
+    """Where the server listens: the socket's family and address; dual_stack: an IPv6 socket
+    that takes IPv4 too (IPV6_V6ONLY off)."""
+
+    family: socket.AddressFamily
+    address: tuple[Any, ...]
+    dual_stack: bool = False
+
+
+def resolve_listen(host: str, port: int) -> Listen:
+    """Every interface for an empty host: IPv6 and IPv4 on one socket where the system can,
+    else IPv4. Otherwise the family of the host's address (getaddrinfo): IPv4 first for a name
+    that has both (what 0.2.0 bound: one socket, one address). ConfigError when unresolvable."""
+    if not host:
+        if socket.has_dualstack_ipv6():
+            return Listen(socket.AF_INET6, ("::", port), dual_stack=True)
+        return Listen(socket.AF_INET, ("0.0.0.0", port))
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"--http: cannot resolve {host!r}: {e.strerror}") from None
+    family, _, _, _, address = min(found, key=lambda f: f[0] != socket.AF_INET)  # the first IPv4, or the first
+    return Listen(family, tuple(address))
+
+
 class CatalogReader:
     """The catalog's numbers for a scrape, on a connection of the HTTP thread (re-opened when lost),
     read through pgsched.job_stats (security_invoker): the jobs the connection's role may see, under
@@ -303,10 +329,22 @@ class Server(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], site: Site) -> None:
+    def __init__(self, listen: Listen, site: Site) -> None:
+        self.address_family = listen.family  # read by TCPServer.__init__, which makes the socket
+        self.dual_stack = listen.dual_stack
         self.site = site
         self.connections = Connections()
-        super().__init__(address, Handler)
+        super().__init__(listen.address, Handler)
+
+    def server_bind(self) -> None:
+        if self.dual_stack:  # whatever the system's default (net.ipv6.bindv6only)
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        return f"http://[{host}]:{port}" if self.address_family == socket.AF_INET6 else f"http://{host}:{port}"
 
     def process_request(self, request: Any, client_address: Any) -> None:
         conn = cast(socket.socket, request)
@@ -404,9 +442,11 @@ def start_http(address: str, sched: LoopState, catalog_dsn: str | None = None) -
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Exporter(sched, catalog))
     site = Site(sched, lambda: generate_latest(registry), CONTENT_TYPE_LATEST)
+    listen = resolve_listen(host, port)
     try:
-        server = Server((host, port), site)
+        server = Server(listen, site)
     except OSError as e:
         raise ConfigError(f"--http: cannot listen on {address}: {e.strerror or e}") from None
-    log.info("serving /metrics, /healthz and /readyz on http://%s:%s", host or "0.0.0.0", server.server_address[1])
+    log.info("serving /metrics, /healthz and /readyz on %s%s", server.url,
+             " (IPv6 and IPv4)" if listen.dual_stack else "")
     return HttpServer(server, catalog)

@@ -303,6 +303,39 @@ def test_readiness_fails_while_the_loop_is_hung(db: str) -> None:
         wait(lambda w=served: w.get("/readyz") == (200, "ready\n"))
 
 
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def status_of(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return int(r.status)
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_ipv6_addresses_are_served(served: Served) -> None:
+    """`--http [::1]:PORT` failed (the server was AF_INET only): the family is the address's now;
+    `:PORT` listens on IPv6 and IPv4 alike where the system has dual-stack sockets."""
+    server = start_http("[::1]:0", served.sched)
+    try:
+        assert status_of(f"http://[::1]:{server.port}/healthz") == 200
+    finally:
+        server.stop()
+    if not socket.has_dualstack_ipv6():
+        return
+    server = start_http(":0", served.sched)
+    try:
+        assert status_of(f"http://[::1]:{server.port}/healthz") == 200
+        assert status_of(f"http://127.0.0.1:{server.port}/healthz") == 200
+    finally:
+        server.stop()
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None,
                     reason="promtool not installed (Debian package prometheus; ./dev installs it where it can)")
 def test_promtool_accepts_the_metrics(jobs: Conn, served: Served) -> None:
