@@ -4,8 +4,9 @@
 The loop's own numbers (runs by outcome, durations, start lags, rounds, workers) are read
 from pgsched.metrics.LoopMetrics and the loop's state at scrape time: nothing is computed per
 run beyond a few additions. The catalog's numbers (jobs by state, each job's last success)
-are read at scrape time on a connection of this thread's own, never the loop's. Per-job
-series stop above `metrics_max_jobs` jobs (README "Metrics"), so that a scrape stays small.
+are read at scrape time on a connection of this thread's own, never the loop's, under lock and
+statement timeouts (any role may lock the catalog): left out when they cannot be read in time.
+Per-job series stop above `metrics_max_jobs` jobs (README "Metrics"), so that a scrape stays small.
 
 Each connection costs the scheduler's process a thread and a file descriptor, so the server keeps
 at most MAX_CONNECTIONS and times each one out after CONNECTION_TIMEOUT_S without traffic.
@@ -46,7 +47,7 @@ STATES = ("scheduled", "starting", "terminating", "disabled")
 CONNECTION_TIMEOUT_S = 10.0
 # Connections open at once. Beyond, the oldest one still waiting for its request is closed to
 # make room (a scraper sends its request at once, so an idle flood cannot keep it out); when all
-# are serving a request, the new one is closed. Either way without starting a thread for it.
+# are serving a request, the new one is closed, without a thread started for it.
 MAX_CONNECTIONS = 32
 # The listen backlog: a burst of connections is accepted (and capped) rather than left to retry.
 LISTEN_BACKLOG = 128
