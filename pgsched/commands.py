@@ -242,6 +242,7 @@ def serve(dsn: str | None, max_workers: int | None, worker_sessions: int | None,
     logs.setup(log_format, log_level)
     apps = apps or tuple(opts.get("app", ()))  # type: ignore[arg-type]
     http = http or opts.get("http")  # type: ignore[assignment]
+    metrics_dsn = metrics_dsn or opts.get("metrics_dsn")  # type: ignore[assignment]
     _app_path(apps)
     if all_databases:
         forkserver.discard_early()  # each database's scheduler starts its own

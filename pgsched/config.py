@@ -91,9 +91,11 @@ ZERO_MEANS_OFF = frozenset({"purge_interval"})
 
 
 # `serve` options a --config file may hold besides the settings (read once, at start: a
-# SIGHUP re-reads only FILE_SETTINGS). The DSN only without a password: a settings file is
+# SIGHUP re-reads only FILE_SETTINGS). The DSNs only without a password: a settings file is
 # rarely guarded like a secret; the password goes in PGPASSWORD, ~/.pgpass or a service file.
-SERVE_OPTIONS: dict[str, type] = {"dsn": str, "log_format": str, "log_level": str, "app": list, "http": str}
+SERVE_OPTIONS: dict[str, type] = {"dsn": str, "log_format": str, "log_level": str, "app": list, "http": str,
+                                  "metrics_dsn": str}
+FILE_DSNS = frozenset({"dsn", "metrics_dsn"})
 
 
 def _load_toml(path: str) -> dict[str, object]:
@@ -147,13 +149,20 @@ def read_serve_options(path: str) -> dict[str, object]:
                 raise ConfigError(f"{path}: {key} must be a module name or a list of them, not {value!r}")
         elif not isinstance(value, kind):
             raise ConfigError(f"{path}: {key} must be a string, not {value!r}")
-        if key == "dsn":
-            try:
-                has_password = "password" in psycopg.conninfo.conninfo_to_dict(str(value))
-            except psycopg.ProgrammingError:
-                raise ConfigError(f"{path}: dsn is not a valid libpq connection string") from None
-            if has_password:
-                raise ConfigError(f"{path}: the dsn may not hold a password (a settings file is no place for a "
-                                  "secret): use PGPASSWORD, a ~/.pgpass file or a service file")
+        if key in FILE_DSNS:
+            _check_file_dsn(path, key, str(value))
         out[key] = value
     return out
+
+
+def _check_file_dsn(path: str, key: str, dsn: str) -> None:
+    """ConfigError, quoting nothing of `dsn`, when libpq cannot parse it or it holds a password."""
+    from pgsched.errors import ConfigError
+
+    try:
+        has_password = "password" in psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigError(f"{path}: {key} is not a valid libpq connection string") from None
+    if has_password:
+        raise ConfigError(f"{path}: the {key} may not hold a password (a settings file is no place for a "
+                          "secret): use PGPASSWORD, a ~/.pgpass file or a service file")

@@ -172,12 +172,24 @@ def discard_early() -> None:
         prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
+_strays_unlisted = False  # reap_strays could not list this process' children (warned once)
+
+
 def reap_strays(known: set[int]) -> int:
     """Reap the children this process did not start: as a subreaper, it inherits whatever a worker
     left running when it died. Its children are read from /proc (a wait for any child would take a
     worker's exit status, which its launcher reads); those in `known` are left alone. How many."""
+    global _strays_unlisted
     reaped = 0
-    for children in Path("/proc/self/task").glob("*/children"):
+    try:
+        tasks = list(Path("/proc/self/task").glob("*/children"))
+    except OSError as e:
+        # Out of file descriptors (EMFILE), say: strays wait for a later round, and the loop that
+        # called this goes on (it died here once). Warned once: this may repeat every round.
+        (log.debug if _strays_unlisted else log.warning)("cannot look for stray children: %s", e)
+        _strays_unlisted = True
+        return 0
+    for children in tasks:
         try:
             pids = [int(p) for p in children.read_text().split()]
         except OSError:

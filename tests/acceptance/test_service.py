@@ -4,6 +4,7 @@ once the workers are connected, WATCHDOG=1 while the loop turns, STOPPING=1 on S
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -11,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from pgsched.embedded import free_port
 from tests.acceptance.conftest import ServeFactory
@@ -23,7 +25,11 @@ def test_ready_watchdog_stopping_and_http_from_the_config_file(jobs_db: str, ser
     job = add_job(jobs_db, "'tick', '200 ms'")
     port = free_port()
     conf = tmp_path / "pgsched.toml"
-    conf.write_text(f'http = "127.0.0.1:{port}"\nlog_format = "json"\nmax_workers = 2\n')
+    # metrics_dsn names a database that does not exist: the catalog's series are left out, which
+    # shows the file's value is the one /metrics reads with (the scheduler's DSN would give them).
+    absent = make_conninfo(jobs_db, dbname="pgsched_test_no_such_database")
+    conf.write_text(f'http = "127.0.0.1:{port}"\nlog_format = "json"\nmax_workers = 2\n'
+                    f"metrics_dsn = {json.dumps(absent)}\n")  # a TOML string
     path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(path)
@@ -47,6 +53,7 @@ def test_ready_watchdog_stopping_and_http_from_the_config_file(jobs_db: str, ser
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
         assert "pgsched_up 1.0" in text and 'pgsched_runs_total{outcome="success"}' in text
+        assert "pgsched_jobs" not in text
         assert stats(jobs_db, job)["total_successes"] >= 1
         s.signal(signal.SIGTERM)
         msgs: list[str] = []

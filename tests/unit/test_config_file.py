@@ -25,9 +25,20 @@ def test_settings_and_serve_options_are_read_apart(tmp_path: Path) -> None:
     assert read_serve_options(write(tmp_path, 'app = ["a", "b"]\n')) == {"app": ["a", "b"]}
 
 
+def test_metrics_dsn_is_a_serve_option(tmp_path: Path) -> None:
+    """README: the file takes any `serve` option; --metrics-dsn was refused as an unknown setting."""
+    path = write(tmp_path, 'http = ":9187"\nmetrics_dsn = "host=db dbname=jobs user=metrics_reader"\n')
+    assert read_settings_file(path) == {}
+    assert read_serve_options(path) == {"http": ":9187", "metrics_dsn": "host=db dbname=jobs user=metrics_reader"}
+
+
 @pytest.mark.parametrize("text, message", [
     ('dsn = "host=db password=hunter2"\n', "may not hold a password"),
     ('dsn = "postgresql://u:hunter2@db/jobs"\n', "may not hold a password"),
+    ('metrics_dsn = "host=db password=hunter2"\n', "metrics_dsn may not hold a password"),
+    ('metrics_dsn = "postgresql://reader:hunter2@db/jobs"\n', "metrics_dsn may not hold a password"),
+    ("metrics_dsn = \"host='db\"\n", "metrics_dsn is not a valid libpq connection string"),
+    ("metrics_dsn = 1\n", "metrics_dsn must be a string"),
     ("http = 9187\n", "http must be a string"),
     ("app = [1]\n", "app must be a module name"),
 ])
