@@ -1,5 +1,5 @@
 """`pgsched watch`: follow pgsched_events (README "Events") and describe each event that this
-role may see. The payload carries ids only; the job's name and the run's error are read
+role may see. Only the kind and the ids are taken from a payload; the job's name and the run's error are read
 through the views, so row-level security decides: an event about a job this role cannot
 see is not shown."""
 
