@@ -23,6 +23,7 @@ import psycopg.types.json
 
 from pgsched import protocol
 from pgsched.config import pin_search_path
+from pgsched.errors import text_of
 from pgsched.protocol import Done
 
 if TYPE_CHECKING:
@@ -67,12 +68,18 @@ class Heartbeat:
 
 
 def describe(e: BaseException) -> str:
-    """Type, message and the last frames of the traceback, within protocol.MAX_MESSAGE."""
-    head = f"{type(e).__name__}: {e}"
-    frames = traceback.format_exception(type(e), e, e.__traceback__)
+    """Type, message and the last frames of the traceback, within protocol.MAX_MESSAGE.
+
+    Never raises: an exception whose __str__ raises is described as the traceback module
+    describes it, instead of taking the worker down with it."""
+    text = text_of(e)
+    head = f"{type(e).__name__}: {text}" if text else type(e).__name__  # KeyboardInterrupt(): its name alone
+    try:
+        frames = traceback.format_exception(type(e), e, e.__traceback__)
+    except Exception:  # the traceback module guards str(e), not every attribute a handler's class may break
+        frames = []
     tail = "".join(frames).rstrip().splitlines()[-TRACEBACK_LINES:]
-    text = head + "\n" + "\n".join(tail)
-    return protocol.cap(text)
+    return protocol.cap("\n".join([head, *tail]))
 
 
 def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> Done:
