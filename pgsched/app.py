@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgsched import exclusion, schedule
-from pgsched.errors import PgschedError
+from pgsched.errors import PgschedError, text_of
 from pgsched.model import MAX_CONCURRENCY_KEY, PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
@@ -46,6 +46,14 @@ class LeaseLost(PgschedError):
     """The run's lease is gone (another scheduler closed or took over the run): stop now."""
 
 
+# rows_affected is stored as a bigint (job_history.rows_affected).
+MIN_ROWS_AFFECTED, MAX_ROWS_AFFECTED = -(2**63), 2**63 - 1
+
+
+class ResultError(PgschedError):
+    """A handler returned a Result that cannot be stored: its run fails, and its work is rolled back."""
+
+
 @dataclass(frozen=True)
 class Result:
     """What a handler may return: stored in job_history (rows_affected, result)."""
@@ -54,13 +62,44 @@ class Result:
     data: dict[str, Any] | None = None
 
     def encoded(self) -> tuple[int | None, Any]:
-        """(rows_affected, result) for the history row; an oversized result is replaced by a note."""
+        """(rows_affected, result) for the history row; an oversized result is replaced by a note.
+
+        Raises ResultError for what cannot be stored: called before the run's commit, so that a bad
+        Result fails the run with its work rolled back rather than after its work is committed.
+        """
+        rows = _rows_affected(self.rows_affected)
         if self.data is None:
-            return self.rows_affected, None
-        text = json.dumps(self.data, default=str)
+            return rows, None
+        try:
+            text = json.dumps(self.data, default=str)
+        except Exception as e:  # default=str runs the __str__ of the handler's objects: anything
+            # A key that is not text or a number, a circular reference, an int too long for text, a
+            # value whose str() raises.
+            raise ResultError(f"pgsched.Result: data must be a dict that JSON can encode (text keys; values "
+                              f"that are JSON, or that str() turns into text), or None; "
+                              f"{type(e).__name__}: {text_of(e)}") from None
         if len(text.encode()) > MAX_RESULT_BYTES:
-            return self.rows_affected, {"truncated": True, "bytes": len(text.encode()), "limit": MAX_RESULT_BYTES}
-        return self.rows_affected, json.loads(text)
+            return rows, {"truncated": True, "bytes": len(text.encode()), "limit": MAX_RESULT_BYTES}
+        return rows, json.loads(text)
+
+
+def _rows_affected(value: object) -> int | None:
+    """rows_affected as the bigint it is stored as: a bool, float, text or Decimal is refused, not cast."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and MIN_ROWS_AFFECTED <= value <= MAX_ROWS_AFFECTED:
+        return int(value)  # an int subclass (an IntEnum) as a plain int, which JSON writes as a number
+    raise ResultError(f"pgsched.Result: rows_affected must be a whole number (int) from {MIN_ROWS_AFFECTED} to "
+                      f"{MAX_ROWS_AFFECTED}, or None; the handler gave {_shown(value)} ({type(value).__name__})")
+
+
+def _shown(value: object) -> str:
+    """repr(value), shortened, and never an exception of its own (a handler's object may have any repr)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass

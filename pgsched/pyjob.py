@@ -104,16 +104,17 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
         returned = spec.handler(handle)
         if returned is not None and not isinstance(returned, app.Result):
             raise TypeError(f"the handler returned {type(returned).__name__}; expected pgsched.Result or None")
+        # Checked and encoded before the commit: a Result that cannot be stored fails the run with
+        # its work rolled back, not after the work is committed (a failure that would then be retried).
+        rows_affected, result = returned.encoded() if returned is not None else (None, None)
         conn.commit()
-        if returned is None:
-            return Done(run_id, ok=True)
-        rows_affected, result = returned.encoded()
         return Done(run_id, ok=True, rows_affected=rows_affected, result=result)
     except Exception as e:
         lost = conn.closed or conn.broken
         if not lost:
             conn.rollback()
-        return Done(run_id, ok=False, lost=lost, sqlstate=getattr(e, "sqlstate", None), message=describe(e))
+        message = protocol.cap(str(e)) if isinstance(e, app.ResultError) else describe(e)
+        return Done(run_id, ok=False, lost=lost, sqlstate=getattr(e, "sqlstate", None), message=message)
     finally:
         if not (conn.closed or conn.broken):
             conn.autocommit = True

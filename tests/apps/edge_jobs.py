@@ -7,6 +7,10 @@ tests run them through a worker's run_one, through `pgsched run` (pyjob.run_now)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
 import pgsched
 from tests.apps.demo_jobs import FAR
 
@@ -15,6 +19,41 @@ MODULE = __name__
 
 def _hit(run: pgsched.Run) -> None:
     run.connection.execute("INSERT INTO py_hits VALUES (%s, %s, %s, NULL)", (run.job_name, run.plan_time, run.attempt))
+
+
+# -- rows_affected: what a handler may put there (the scheduler closes the run with it) -------------
+
+# A job per value, the value in its config ({"decimal": text} for a Decimal, which JSON cannot carry).
+BAD_ROWS: dict[str, Any] = {"text": {"rows": "many"}, "float": {"rows": 2.5}, "bool": {"rows": True},
+                            "huge": {"rows": 2**70}, "decimal": {"decimal": "3"}}
+GOOD_ROWS: dict[str, Any] = {"most": {"rows": 2**63 - 1}, "least": {"rows": -(2**63)}, "none": {"rows": None}}
+
+
+def rows_affected(run: pgsched.Run) -> pgsched.Result:
+    _hit(run)
+    value: Any = Decimal(run.config["decimal"]) if "decimal" in run.config else run.config["rows"]
+    return pgsched.Result(rows_affected=value, data={"ok": True})
+
+
+for _label, _config in {**BAD_ROWS, **GOOD_ROWS}.items():
+    pgsched.job(every="1 hour", initial_start=FAR, config=_config, name=f"edge.rows.{_label}")(rows_affected)
+
+
+# -- a Result that cannot be stored -------------------------------------------------------------------
+
+def _circular() -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    data["self"] = data
+    return data
+
+
+BAD_DATA: dict[str, Callable[[], Any]] = {"tuple_key": lambda: {(1, 2): 1}, "circular": _circular}
+
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.bad_data")
+def bad_data(run: pgsched.Run) -> pgsched.Result:
+    _hit(run)
+    return pgsched.Result(rows_affected=1, data=BAD_DATA[run.config["kind"]]())
 
 
 # -- an exception that cannot say what it is -------------------------------------------------------

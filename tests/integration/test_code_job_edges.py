@@ -11,7 +11,8 @@ import pytest
 
 from pgsched import app, protocol, pyjob, worker
 from tests.apps import edge_jobs
-from tests.integration.test_code_jobs import one
+from tests.apps.edge_jobs import BAD_DATA, BAD_ROWS, GOOD_ROWS
+from tests.integration.test_code_jobs import last_run, one, run_now_and_wait
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 EDGE = edge_jobs.MODULE
@@ -52,6 +53,40 @@ def python_run(session: worker.Session, name: str, run_id: int = 1, config: Any 
 
 def hits(conn: Conn, name: str) -> int:
     return int(one(conn, "SELECT count(*) FROM py_hits WHERE job = %s", name))
+
+
+# -- rows_affected ---------------------------------------------------------------------------------
+
+def test_a_rows_affected_that_is_not_a_bigint_fails_its_run_and_nothing_else(db: str, py: Conn) -> None:
+    """'many', 2.5, True, 2**70 made the batched close fail (the job disabled, a crash counted, history
+    saying success); a Decimal crashed the worker in its report. Each is a plain failure of its run."""
+    names = [f"edge.rows.{label}" for label in [*BAD_ROWS, *GOOD_ROWS]]
+    run_now_and_wait(db, py, names, apps=(EDGE,))
+    for label in BAD_ROWS:
+        h = last_run(py, f"edge.rows.{label}")
+        assert h["outcome"] == "failure", (label, h)
+        assert h["message"].startswith("pgsched.Result: rows_affected must be a whole number (int) from "
+                                       f"{-(2**63)} to {2**63 - 1}, or None"), (label, h["message"])
+        assert (h["rows_affected"], h["result"]) == (None, None)
+        assert hits(py, f"edge.rows.{label}") == 0  # its work rolled back
+        st = py.execute("SELECT state, total_failures, total_crashes, disabled_reason FROM job_stats "
+                        "WHERE job_name = %s", (f"edge.rows.{label}",)).fetchone()
+        assert st == ("scheduled", 1, 0, None), (label, st)
+    for label, config in GOOD_ROWS.items():
+        h = last_run(py, f"edge.rows.{label}")
+        assert (h["outcome"], h["rows_affected"], h["result"]) == ("success", config["rows"], {"ok": True}), label
+
+
+# -- a Result that cannot be stored --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", sorted(BAD_DATA))
+def test_a_result_that_cannot_be_encoded_fails_the_run_before_its_commit(session: worker.Session, py: Conn,
+                                                                         kind: str) -> None:
+    """It was encoded after the commit: a failure recorded (and retried) for work that was committed."""
+    done = python_run(session, "edge.bad_data", config={"kind": kind})
+    assert (done.ok, done.rows_affected, done.result) == (False, None, None), done
+    assert hits(py, "edge.bad_data") == 0
+    assert done.message is not None and done.message.startswith("pgsched.Result: data must be"), done.message
 
 
 # -- an exception whose __str__ raises -----------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -181,6 +182,21 @@ def test_results_are_size_capped() -> None:
     assert pgsched.Result(3, {"a": 1}).encoded() == (3, {"a": 1})
     rows, big = pgsched.Result(None, {"blob": "x" * 10_000}).encoded()
     assert rows is None and big == {"truncated": True, "bytes": 10_012, "limit": app.MAX_RESULT_BYTES}
+
+
+@pytest.mark.parametrize("rows", ["many", 2.5, True, 2**63, -(2**63) - 1, Decimal(3), [1]])
+def test_a_rows_affected_that_is_not_a_bigint_is_refused(rows: Any) -> None:
+    with pytest.raises(app.ResultError, match=r"^pgsched.Result: rows_affected must be a whole number \(int\) "
+                                              r"from -9223372036854775808 to 9223372036854775807, or None; the "
+                                              r"handler gave"):
+        pgsched.Result(rows_affected=rows).encoded()
+    assert pgsched.Result(rows_affected=2**63 - 1).encoded() == (2**63 - 1, None)
+
+
+@pytest.mark.parametrize("data", [{(1, 2): 1}, {"a": {1.5j: 1}}])
+def test_data_that_json_cannot_encode_is_refused(data: Any) -> None:
+    with pytest.raises(app.ResultError, match=r"^pgsched.Result: data must be a dict that JSON can encode .*TypeError"):
+        pgsched.Result(data=data).encoded()
 
 
 def test_lease_and_catch_up_settings_default_like_add_job() -> None:
