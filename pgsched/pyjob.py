@@ -82,6 +82,13 @@ def describe(e: BaseException) -> str:
     return protocol.cap("\n".join([head, *tail]))
 
 
+# A handler that caught a database error and returned: its transaction is in the error state, and
+# COMMIT would roll it back while the run said success.
+CAUGHT_ERROR = ("the handler caught a database error and went on: its transaction was in the error state, "
+                "so it was rolled back (nothing of the run was committed); let the error propagate, or "
+                "roll back to a savepoint (with run.connection.transaction(): ...) where it is expected")
+
+
 def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> Done:
     """Run the handler of `msg` on `conn` (in autocommit mode on entry and on return)."""
     from pgsched import app
@@ -104,6 +111,9 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
         returned = spec.handler(handle)
         if returned is not None and not isinstance(returned, app.Result):
             raise TypeError(f"the handler returned {type(returned).__name__}; expected pgsched.Result or None")
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            conn.rollback()
+            return Done(run_id, ok=False, sqlstate="25P02", message=CAUGHT_ERROR)
         # Checked and encoded before the commit: a Result that cannot be stored fails the run with
         # its work rolled back, not after the work is committed (a failure that would then be retried).
         rows_affected, result = returned.encoded() if returned is not None else (None, None)

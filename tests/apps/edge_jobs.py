@@ -7,9 +7,13 @@ tests run them through a worker's run_one, through `pgsched run` (pyjob.run_now)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+
+import psycopg
+import psycopg.rows
 
 import pgsched
 from tests.apps.demo_jobs import FAR
@@ -37,6 +41,16 @@ def rows_affected(run: pgsched.Run) -> pgsched.Result:
 
 for _label, _config in {**BAD_ROWS, **GOOD_ROWS}.items():
     pgsched.job(every="1 hour", initial_start=FAR, config=_config, name=f"edge.rows.{_label}")(rows_affected)
+
+
+# -- a database error caught by the handler ------------------------------------------------------------
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.caught")
+def caught(run: pgsched.Run) -> None:
+    _hit(run)
+    # ... and goes on: its transaction is in the error state, its COMMIT would roll it back.
+    with contextlib.suppress(psycopg.errors.DivisionByZero):
+        run.connection.execute("SELECT 1 / 0")
 
 
 # -- a Result that cannot be stored -------------------------------------------------------------------

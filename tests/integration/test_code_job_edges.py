@@ -77,6 +77,21 @@ def test_a_rows_affected_that_is_not_a_bigint_fails_its_run_and_nothing_else(db:
         assert (h["outcome"], h["rows_affected"], h["result"]) == ("success", config["rows"], {"ok": True}), label
 
 
+# -- a database error caught -----------------------------------------------------------------------------
+
+def test_a_handler_that_catches_a_database_error_and_returns_fails_with_25P02(session: worker.Session,
+                                                                             py: Conn) -> None:
+    """Its transaction was in the error state: COMMIT rolled it back, while the run said success."""
+    done = python_run(session, "edge.caught")
+    assert (done.ok, done.sqlstate) == (False, "25P02"), done
+    assert done.message is not None and "caught a database error and went on" in done.message
+    assert "rolled back" in done.message
+    assert hits(py, "edge.caught") == 0
+    # The session is as a worker leaves it between runs, and runs the next one.
+    assert session.conn.autocommit and session.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert python_run(session, "edge.rows.most").ok
+
+
 # -- a Result that cannot be stored --------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", sorted(BAD_DATA))
