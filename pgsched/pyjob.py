@@ -14,6 +14,7 @@ imports this one, and one that runs only SQL jobs never needs the declarations (
 from __future__ import annotations
 
 import importlib
+import os
 import traceback
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -23,11 +24,11 @@ import psycopg.types.json
 
 from pgsched import protocol
 from pgsched.config import pin_search_path
-from pgsched.errors import text_of
+from pgsched.errors import PgschedError, text_of
 from pgsched.protocol import Done
 
 if TYPE_CHECKING:
-    from pgsched import app
+    from pgsched import app, worker
 
 TRACEBACK_LINES = 15
 
@@ -130,16 +131,19 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
             conn.autocommit = True
 
 
+class EndNotRecorded(PgschedError):
+    """`pgsched run`: the run's end was not written, because the run was already closed (a scheduler
+    that found its session gone, or took it for abandoned, closed it as a crash)."""
+
+
 def run_now(dsn: str, job_id: int) -> Done:
     """Run a Python job once, now, in this process, recorded like any run (trigger 'manual').
 
     The app modules must already be imported. The handler gets a session of the job's owner in
     the job's database, opened as a worker opens one (pgsched.worker.Session), not the caller's:
     the run marks are the caller's (the scheduler's role), the job's SQL is its owner's. Returns
-    the run's outcome.
+    the run's outcome; raises EndNotRecorded when the run was closed by someone else meanwhile.
     """
-    import os
-
     from pgsched import app, worker
 
     with psycopg.connect(dsn, autocommit=True, application_name=f"pgsched run {job_id}") as conn:
@@ -176,20 +180,60 @@ def run_now(dsn: str, job_id: int) -> Done:
             assert run_id is not None and plan is not None
             msg = {"run_id": run_id, "job_id": job_id, "job_name": name, "code_module": module,
                    "code_function": function, "config": config, "lease_token": None, "plan_time": plan.isoformat()}
-            heartbeat = Heartbeat(dsn)
-            try:
-                session.conn.execute("SELECT " + worker.SET_UP,
-                                     (f"pgsched run {job_id}", str(run_id), plan.isoformat(), ""))
-                result = run(session.conn, msg, heartbeat)
-            except psycopg.Error as e:
-                result = Done(run_id, ok=False, sqlstate=e.sqlstate, message=describe(e))
-            finally:
-                heartbeat.close()
+            return _run_and_end(conn, session, dsn, msg)
         finally:
+            # Only now, the end written: a scheduler takes a manual run whose session is gone for
+            # abandoned, and would close a run that succeeded as a crash in the gap.
             session.close()
-        conn.execute(
-            "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, pg_catalog.clock_timestamp(), NULL, %s, %s)",
-            (run_id, "success" if result.ok else "failure", result.sqlstate, result.message,
-             result.rows_affected, psycopg.types.json.Jsonb(result.result)),
-        )
-        return result
+
+
+def _run_and_end(conn: psycopg.Connection[Any], session: worker.Session, dsn: str, msg: dict[str, Any]) -> Done:
+    """Run the handler in the owner's session and write the run's end with the marking session `conn`,
+    whatever happens after the start: an exception (a KeyboardInterrupt among them) is recorded as the
+    run's failure, then raised on."""
+    run_id, job_id = int(msg["run_id"]), int(msg["job_id"])
+    try:
+        done = _run_in_session(session, dsn, msg)
+    except BaseException as e:
+        failed = Done(run_id, ok=False, sqlstate=getattr(e, "sqlstate", None), message=describe(e))
+        if not _mark_end(conn, failed):
+            e.add_note(_not_recorded(job_id, failed))
+        raise
+    if not _mark_end(conn, done):
+        raise EndNotRecorded(_not_recorded(job_id, done))
+    return done
+
+
+def _run_in_session(session: worker.Session, dsn: str, msg: dict[str, Any]) -> Done:
+    """The run's set-up (as a worker's), then the handler (run), on the owner's session."""
+    from pgsched import worker
+
+    heartbeat = Heartbeat(dsn)
+    try:
+        session.conn.execute("SELECT " + worker.SET_UP,
+                             (f"pgsched run {msg['job_id']}", str(msg["run_id"]), msg["plan_time"], ""))
+        return run(session.conn, msg, heartbeat)
+    except psycopg.Error as e:
+        return Done(int(msg["run_id"]), ok=False, sqlstate=e.sqlstate, message=describe(e))
+    finally:
+        heartbeat.close()
+
+
+def _mark_end(conn: psycopg.Connection[Any], done: Done) -> bool:
+    """Write the run's end as the scheduler writes one (its values cleaned by the same functions:
+    a NUL or a NaN would make the statement fail and leave the run open); False if the run was no
+    longer open."""
+    from pgsched import store
+
+    row = conn.execute(
+        "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, pg_catalog.clock_timestamp(), NULL, %s, %s)",
+        (done.run_id, "success" if done.ok else "failure", store._text(done.sqlstate), store._text(done.message),
+         done.rows_affected, psycopg.types.json.Jsonb(store._json(done.result))),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _not_recorded(job_id: int, done: Done) -> str:
+    outcome = "success" if done.ok else f"failure: {done.message}"
+    return (f"job {job_id} run {done.run_id}: its end ({outcome}) was not recorded: the run was already "
+            "closed, by a scheduler that took it for abandoned (see job_history)")

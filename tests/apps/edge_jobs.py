@@ -81,3 +81,25 @@ class Unspeakable(Exception):
 def unspeakable(run: pgsched.Run) -> None:
     _hit(run)
     raise Unspeakable()
+
+
+# -- values the end's write must clean (`pgsched run`) ----------------------------------------------
+
+DIRTY: dict[str, Any] = {"nan": {"data": "nan"}, "nul_data": {"data": "nul"}, "nul_message": {"raise": "nul"}}
+
+
+@pgsched.job(every="1 hour", initial_start=FAR, config=DIRTY["nan"], name="edge.dirty")
+def dirty(run: pgsched.Run) -> pgsched.Result:
+    _hit(run)
+    if run.config.get("raise") == "nul":
+        raise ValueError("before\x00after")
+    return pgsched.Result(data={"nan": float("nan")} if run.config["data"] == "nan" else {"text": "a\x00b"})
+
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.closed_under")
+def closed_under(run: pgsched.Run) -> None:
+    """Its run is closed by "another scheduler" while it runs; it returns normally all the same."""
+    _hit(run)
+    with psycopg.connect(run.connection.info.dsn, autocommit=True) as other:
+        other.execute("UPDATE pgsched.job_run SET outcome = 'crash', finished_at = now(), "
+                      "message = 'closed by another scheduler' WHERE run_id = %s", (run.run_id,))

@@ -8,11 +8,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from pgsched import app, protocol, pyjob, worker
 from tests.apps import edge_jobs
-from tests.apps.edge_jobs import BAD_DATA, BAD_ROWS, GOOD_ROWS
-from tests.integration.test_code_jobs import last_run, one, run_now_and_wait
+from tests.apps.edge_jobs import BAD_DATA, BAD_ROWS, DIRTY, GOOD_ROWS
+from tests.integration.test_code_jobs import deploy, job_id, last_run, one, run_now_and_wait
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 EDGE = edge_jobs.MODULE
@@ -113,3 +114,65 @@ def test_an_exception_whose_str_raises_is_a_clean_failure(session: worker.Sessio
         done.message
     assert "raise Unspeakable()" in done.message
     assert hits(py, "edge.unspeakable") == 0
+
+
+# -- `pgsched run`'s end ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("case", "outcome", "field", "stored"), [
+    ("nan", "success", "result", {"invalid_result": "not representable as JSON: Out of range float values are "
+                                                    "not JSON compliant"}),
+    ("nul_data", "success", "result", {"text": "a\\0b"}),
+    ("nul_message", "failure", "message", "ValueError: before\\0after\nTraceback (most recent call last):"),
+])
+def test_pgsched_run_writes_the_end_cleaned_as_the_scheduler_does(db: str, py: Conn, case: str, outcome: str,
+                                                                  field: str, stored: Any) -> None:
+    """NaN or a NUL made _mark_end fail: the run stayed 'running', to be closed later as a crash."""
+    deploy(db, [EDGE])
+    j = job_id(py, "edge.dirty")
+    py.execute("SELECT alter_job(%s, config => %s)", (j, Jsonb(DIRTY[case])))
+    done = pyjob.run_now(db, j)
+    assert done.ok is (outcome == "success")
+    h = last_run(py, "edge.dirty")
+    assert h["outcome"] == outcome, h
+    if field == "result":  # as store._json says it (Python's own words may go on: ": nan")
+        assert h[field].keys() == stored.keys() and all(h[field][k].startswith(v) for k, v in stored.items()), h
+    else:
+        assert h[field].startswith(stored), h
+    assert hits(py, "edge.dirty") == (1 if outcome == "success" else 0)
+
+
+def test_pgsched_run_of_a_bad_rows_affected_records_a_failure(db: str, py: Conn) -> None:
+    deploy(db, [EDGE])
+    done = pyjob.run_now(db, job_id(py, "edge.rows.text"))
+    assert done.ok is False
+    h = last_run(py, "edge.rows.text")
+    assert h["outcome"] == "failure" and h["message"].startswith("pgsched.Result: rows_affected must be"), h
+    assert one(py, "SELECT count(*) FROM pgsched.job_run WHERE outcome = 'running'") == 0
+
+
+def test_pgsched_run_closes_the_owners_session_only_after_writing_the_end(db: str, py: Conn,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler takes a manual run whose session is gone for abandoned: closed before the end was
+    written, a successful run could be closed as a crash in that gap."""
+    deploy(db, [EDGE])
+    j = job_id(py, "edge.rows.most")
+    at_close: list[list[str]] = []
+    close = worker.Session.close
+
+    def watched_close(self: worker.Session) -> None:
+        at_close.append([r[0] for r in py.execute("SELECT outcome FROM pgsched.job_run WHERE job_id = %s", (j,))])
+        close(self)
+
+    monkeypatch.setattr(worker.Session, "close", watched_close)
+    assert pyjob.run_now(db, j).ok
+    assert at_close == [["success"]]
+
+
+def test_pgsched_run_says_when_its_run_was_closed_under_it(db: str, py: Conn) -> None:
+    deploy(db, [EDGE])
+    j = job_id(py, "edge.closed_under")
+    with pytest.raises(pyjob.EndNotRecorded, match=r"job \d+ run \d+: its end \(success\) was not recorded: the "
+                                                   r"run was already closed"):
+        pyjob.run_now(db, j)
+    h = last_run(py, "edge.closed_under")
+    assert (h["outcome"], h["message"]) == ("crash", "closed by another scheduler")
