@@ -13,6 +13,7 @@ imports this one, and one that runs only SQL jobs never needs the declarations (
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import traceback
@@ -91,7 +92,11 @@ CAUGHT_ERROR = ("the handler caught a database error and went on: its transactio
 
 
 def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat) -> Done:
-    """Run the handler of `msg` on `conn` (in autocommit mode on entry and on return)."""
+    """Run the handler of `msg` on `conn` (in autocommit mode on entry and on return).
+
+    A KeyboardInterrupt or SystemExit from the handler is raised on, its transaction rolled back:
+    the worker then exits (a crash, as for a signal) and `pgsched run` records it (run_now).
+    """
     from pgsched import app
 
     run_id = int(msg["run_id"])
@@ -127,8 +132,20 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
         message = protocol.cap(str(e)) if isinstance(e, app.ResultError) else describe(e)
         return Done(run_id, ok=False, lost=lost, sqlstate=getattr(e, "sqlstate", None), message=message)
     finally:
-        if not (conn.closed or conn.broken):
-            conn.autocommit = True
+        # Also on a BaseException: its transaction is still open, and switching to autocommit
+        # mid-transaction would raise a ProgrammingError that hides it.
+        _end_transaction(conn)
+
+
+def _end_transaction(conn: psycopg.Connection[Any]) -> None:
+    """Roll back a transaction the run left open, and go back to autocommit."""
+    if conn.closed or conn.broken:
+        return  # the worker replaces it
+    with contextlib.suppress(psycopg.Error):  # lost meanwhile: the worker's reset finds out
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+    if not (conn.closed or conn.broken):
+        conn.autocommit = True
 
 
 class EndNotRecorded(PgschedError):

@@ -83,6 +83,14 @@ def unspeakable(run: pgsched.Run) -> None:
     raise Unspeakable()
 
 
+# -- BaseExceptions: Ctrl-C in `pgsched run`, sys.exit() ---------------------------------------------
+
+@pgsched.job(every="1 hour", initial_start=FAR, config={"raise": "KeyboardInterrupt"}, name="edge.interrupt")
+def interrupt(run: pgsched.Run) -> None:
+    _hit(run)
+    raise {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[run.config["raise"]]()
+
+
 # -- values the end's write must clean (`pgsched run`) ----------------------------------------------
 
 DIRTY: dict[str, Any] = {"nan": {"data": "nan"}, "nul_data": {"data": "nul"}, "nul_message": {"raise": "nul"}}

@@ -116,6 +116,31 @@ def test_an_exception_whose_str_raises_is_a_clean_failure(session: worker.Sessio
     assert hits(py, "edge.unspeakable") == 0
 
 
+# -- KeyboardInterrupt, SystemExit ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_a_base_exception_in_a_handler_rolls_back_and_goes_on_up(session: worker.Session, py: Conn,
+                                                                 raised: type[BaseException]) -> None:
+    """In a worker: raised on (the worker exits, as for a real signal), the run's work rolled back and the
+    session back in autocommit (the ProgrammingError of switching it mid-transaction hid the original)."""
+    with pytest.raises(raised):
+        python_run(session, "edge.interrupt", config={"raise": raised.__name__})
+    assert session.conn.autocommit and session.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert hits(py, "edge.interrupt") == 0
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_pgsched_run_records_a_base_exception_then_raises_it(db: str, py: Conn, raised: type[BaseException]) -> None:
+    deploy(db, [EDGE])
+    j = job_id(py, "edge.interrupt")
+    py.execute("SELECT alter_job(%s, config => %s)", (j, Jsonb({"raise": raised.__name__})))
+    with pytest.raises(raised):
+        pyjob.run_now(db, j)
+    h = last_run(py, "edge.interrupt")
+    assert h["outcome"] == "failure" and h["message"].startswith(f"{raised.__name__}\n"), h
+    assert hits(py, "edge.interrupt") == 0
+
+
 # -- `pgsched run`'s end ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("case", "outcome", "field", "stored"), [
