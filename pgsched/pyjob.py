@@ -17,10 +17,12 @@ import contextlib
 import importlib
 import os
 import traceback
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+import psycopg.adapt
 import psycopg.types.json
 
 from pgsched import protocol
@@ -112,6 +114,7 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
         attempt=int(msg.get("attempt") or 1), scope=msg.get("scope") or "", config=msg.get("config"),
         connection=conn, _heartbeat=lambda: heartbeat.beat(msg["run_id"], msg.get("lease_token")),
     )
+    saved = ClientState.save(conn)
     conn.autocommit = False
     try:
         returned = spec.handler(handle)
@@ -134,18 +137,78 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
     finally:
         # Also on a BaseException: its transaction is still open, and switching to autocommit
         # mid-transaction would raise a ProgrammingError that hides it.
-        _end_transaction(conn)
+        saved.restore(conn)
 
 
-def _end_transaction(conn: psycopg.Connection[Any]) -> None:
-    """Roll back a transaction the run left open, and go back to autocommit."""
-    if conn.closed or conn.broken:
-        return  # the worker replaces it
-    with contextlib.suppress(psycopg.Error):  # lost meanwhile: the worker's reset finds out
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.rollback()
-    if not (conn.closed or conn.broken):
+@dataclass
+class ClientState:
+    """What a handler may change on its connection client-side, to be put back after its run.
+
+    The worker's reset (DISCARD ALL) clears the session on the server; these live in psycopg's
+    connection object, which the next run of the worker is handed: a run left read-only, a
+    dict row factory or a loader reading integers as text would reach it. The adapters map and
+    the notice/notify handler lists have no public setter: they are put back through psycopg's
+    own attributes where it has them (psycopg 3.3 does: tests/integration/test_code_job_edges.py
+    checks it), and left as they are otherwise. What a handler changes in the process
+    (psycopg.adapters, a module's globals) is not the connection's, and stays.
+    """
+
+    row_factory: Any
+    cursor_factory: Any
+    server_cursor_factory: Any
+    prepare_threshold: int | None
+    prepared_max: int | None
+    adapters: Any
+    notice_handlers: list[Any] | None
+    notify_handlers: list[Any] | None
+
+    @classmethod
+    def save(cls, conn: psycopg.Connection[Any]) -> ClientState:
+        """The connection's state now; the handler is given a copy of its adapters map to change."""
+        state = cls(
+            row_factory=conn.row_factory, cursor_factory=conn.cursor_factory,
+            server_cursor_factory=conn.server_cursor_factory, prepare_threshold=conn.prepare_threshold,
+            prepared_max=conn.prepared_max, adapters=getattr(conn, "_adapters", None),
+            notice_handlers=_copied(getattr(conn, "_notice_handlers", None)),
+            notify_handlers=_copied(getattr(conn, "_notify_handlers", None)))
+        if hasattr(conn, "_adapters"):
+            # A map that copies what the handler registers on write: the connection's own is untouched.
+            conn._adapters = psycopg.adapt.AdaptersMap(conn.adapters)
+        return state
+
+    def restore(self, conn: psycopg.Connection[Any]) -> None:
+        """End an open transaction (rolled back), back to autocommit, and put the saved state back."""
+        if conn.closed or conn.broken:
+            return  # the worker replaces it
+        with contextlib.suppress(psycopg.Error):  # lost meanwhile: the worker's reset finds out
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+        if conn.closed or conn.broken:
+            return
         conn.autocommit = True
+        # None: the server's defaults (a worker sets none of them).
+        conn.read_only = conn.isolation_level = conn.deferrable = None
+        conn.row_factory = self.row_factory
+        conn.cursor_factory = self.cursor_factory
+        conn.server_cursor_factory = self.server_cursor_factory
+        if hasattr(conn, "_adapters"):
+            conn._adapters = self.adapters
+        for name, handlers in (("_notice_handlers", self.notice_handlers), ("_notify_handlers", self.notify_handlers)):
+            if handlers is not None:
+                getattr(conn, name)[:] = handlers
+        if conn.prepare_threshold != self.prepare_threshold:
+            # The handler prepared statements: the reset (DISCARD ALL) deallocates them, so psycopg must
+            # forget their names, which it does when it sees DEALLOCATE ALL while preparing is on (as in
+            # worker._fan_out).
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("DEALLOCATE ALL")
+            conn.prepare_threshold = self.prepare_threshold
+        if self.prepared_max is not None:
+            conn.prepared_max = self.prepared_max
+
+
+def _copied(handlers: object) -> list[Any] | None:
+    return list(handlers) if isinstance(handlers, list) else None
 
 
 class EndNotRecorded(PgschedError):

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import psycopg.rows
+from psycopg.types.string import TextLoader
 
 import pgsched
 from tests.apps.demo_jobs import FAR
@@ -51,6 +52,39 @@ def caught(run: pgsched.Run) -> None:
     # ... and goes on: its transaction is in the error state, its COMMIT would roll it back.
     with contextlib.suppress(psycopg.errors.DivisionByZero):
         run.connection.execute("SELECT 1 / 0")
+
+
+# -- client-side settings a run leaves on its connection --------------------------------------------
+
+NOTICES: list[str] = []
+
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.settings.left")
+def settings_left(run: pgsched.Run) -> None:
+    conn = run.connection
+    conn.read_only = True
+    conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+    conn.deferrable = True
+    conn.row_factory = psycopg.rows.dict_row
+    conn.prepare_threshold = 0
+    conn.adapters.register_loader("int4", TextLoader)  # integers read back as text
+    conn.add_notice_handler(lambda d: NOTICES.append(d.message_primary or ""))
+    for _ in range(2):
+        conn.execute("SELECT 1 AS one").fetchone()  # prepared (threshold 0), as psycopg names it
+
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.settings.seen")
+def settings_seen(run: pgsched.Run) -> pgsched.Result:
+    conn = run.connection
+    _hit(run)  # fails in a read-only transaction
+    row = conn.execute("SELECT 1 AS one, current_setting('transaction_isolation'), "
+                       "current_setting('transaction_deferrable')").fetchone()
+    conn.execute("DO $$ BEGIN RAISE NOTICE 'seen'; END $$")
+    assert row is not None
+    return pgsched.Result(data={
+        "row": type(row).__name__, "one": repr(row[0]), "isolation": row[1], "deferrable": row[2],
+        "read_only": conn.read_only, "prepare_threshold": conn.prepare_threshold, "notices": list(NOTICES),
+    })
 
 
 # -- a Result that cannot be stored -------------------------------------------------------------------

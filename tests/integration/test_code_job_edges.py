@@ -93,6 +93,25 @@ def test_a_handler_that_catches_a_database_error_and_returns_fails_with_25P02(se
     assert python_run(session, "edge.rows.most").ok
 
 
+# -- client-side settings left on the connection ---------------------------------------------------------
+
+def test_client_settings_a_run_leaves_on_its_connection_do_not_reach_the_next(session: worker.Session,
+                                                                           py: Conn) -> None:
+    edge_jobs.NOTICES.clear()
+    threshold, row_factory = session.conn.prepare_threshold, session.conn.row_factory
+    assert python_run(session, "edge.settings.left", 1).ok
+    seen = python_run(session, "edge.settings.seen", 2)
+    assert seen.ok, seen
+    assert seen.result == {"row": "tuple", "one": "1", "isolation": "read committed", "deferrable": "off",
+                           "read_only": None, "prepare_threshold": None, "notices": []}
+    assert hits(py, "edge.settings.seen") == 1
+    assert edge_jobs.NOTICES == []  # the first run's notice handler is gone
+    assert (session.conn.prepare_threshold, session.conn.row_factory) == (threshold, row_factory)
+    assert (session.conn.read_only, session.conn.isolation_level, session.conn.deferrable) == (None, None, None)
+    # The worker's own statements read integers as integers again.
+    assert session.conn.execute("SELECT 1").fetchone() == (1,)
+
+
 # -- a Result that cannot be stored --------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", sorted(BAD_DATA))
