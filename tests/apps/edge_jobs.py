@@ -145,3 +145,16 @@ def closed_under(run: pgsched.Run) -> None:
     with psycopg.connect(run.connection.info.dsn, autocommit=True) as other:
         other.execute("UPDATE pgsched.job_run SET outcome = 'crash', finished_at = now(), "
                       "message = 'closed by another scheduler' WHERE run_id = %s", (run.run_id,))
+
+
+# -- text PostgreSQL cannot store: lone surrogates (a NUL has its own tests) ------------------------
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.surrogate.message")
+def surrogate_message(run: pgsched.Run) -> None:
+    raise ValueError("bad \udc80 byte")  # as os.fsdecode gives an undecodable file name
+
+
+@pgsched.job(every="1 hour", initial_start=FAR, name="edge.surrogate.data")
+def surrogate_data(run: pgsched.Run) -> pgsched.Result:
+    _hit(run)
+    return pgsched.Result(data={"name": "bad \ud800 byte", "\udc80": 1})

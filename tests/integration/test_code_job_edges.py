@@ -220,3 +220,16 @@ def test_pgsched_run_says_when_its_run_was_closed_under_it(db: str, py: Conn) ->
         pyjob.run_now(db, j)
     h = last_run(py, "edge.closed_under")
     assert (h["outcome"], h["message"]) == ("crash", "closed by another scheduler")
+
+
+# -- text PostgreSQL cannot store: lone surrogates --------------------------------------------------------
+
+def test_lone_surrogates_in_a_message_or_a_result_are_stored_escaped(db: str, py: Conn) -> None:
+    """They made every batch of closes fail ("invalid input syntax for type json"), the scheduler's
+    loop retrying it until it stopped with the outcomes unwritten."""
+    run_now_and_wait(db, py, ["edge.surrogate.message", "edge.surrogate.data"], apps=(EDGE,))
+    h = last_run(py, "edge.surrogate.message")
+    assert h["outcome"] == "failure" and h["message"].startswith("ValueError: bad \\udc80 byte\n"), h
+    h = last_run(py, "edge.surrogate.data")
+    assert (h["outcome"], h["result"]) == ("success", {"name": "bad \\ud800 byte", "\\udc80": 1}), h
+    assert hits(py, "edge.surrogate.data") == 1
