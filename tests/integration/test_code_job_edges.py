@@ -222,6 +222,40 @@ def test_pgsched_run_says_when_its_run_was_closed_under_it(db: str, py: Conn) ->
     assert (h["outcome"], h["message"]) == ("crash", "closed by another scheduler")
 
 
+# -- declarations at the limits the deploy has ----------------------------------------------------------
+
+def test_declarations_at_the_limits_deploy(db: str, conn: Conn) -> None:
+    """What the declaration accepts, the deploy accepts: the limits are the catalog's (their refusals are
+    tests/unit/test_app.py's)."""
+    from datetime import UTC, datetime, timedelta
+
+    from pgsched.clock import DbClock
+    from pgsched.store import Store
+
+    limits: dict[str, dict[str, Any]] = {
+        "first": {"every": "1 minute", "initial_start": datetime(1, 1, 2, tzinfo=UTC)},
+        "last": {"every": "1 year", "initial_start": datetime(9997, 12, 31, tzinfo=UTC)},
+        "long": {"every": timedelta(days=365 * 7000), "max_retries": 2**31 - 1, "retry_period": "2562047788 hours",
+                 "max_runtime": timedelta(days=999_999_999), "success_retention": "2700000 years"},
+        "text": {"every": "1 minute", "config": {"é": ["✓", 1.5, None, {"k": True}]}, "concurrency_key": "ключ"},
+    }
+    specs = []
+    try:
+        for name, kwargs in limits.items():
+            def handler(run: Any) -> None: ...
+            handler.__qualname__ = f"limit_{name}"
+            app.job(name=f"limit.{name}", **kwargs)(handler)
+            specs.append(app.REGISTRY[f"limit.{name}"].catalog_row())
+    finally:
+        app.forget(__name__)
+    store = Store(db, DbClock())
+    try:
+        assert [a for _, _, a in store.deploy([__name__], specs)] == ["inserted"] * len(limits)
+    finally:
+        store.close()
+    assert one(conn, "SELECT config FROM pgsched.jobs WHERE job_name = 'limit.text'") == limits["text"]["config"]
+
+
 # -- text PostgreSQL cannot store: lone surrogates --------------------------------------------------------
 
 def test_lone_surrogates_in_a_message_or_a_result_are_stored_escaped(db: str, py: Conn) -> None:
