@@ -14,11 +14,11 @@ import inspect
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgsched import exclusion, schedule
-from pgsched.errors import PgschedError
+from pgsched.errors import PgschedError, text_of
 from pgsched.model import MAX_CONCURRENCY_KEY, PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
@@ -46,6 +46,14 @@ class LeaseLost(PgschedError):
     """The run's lease is gone (another scheduler closed or took over the run): stop now."""
 
 
+# rows_affected is stored as a bigint (job_history.rows_affected).
+MIN_ROWS_AFFECTED, MAX_ROWS_AFFECTED = -(2**63), 2**63 - 1
+
+
+class ResultError(PgschedError):
+    """A handler returned a Result that cannot be stored: its run fails, and its work is rolled back."""
+
+
 @dataclass(frozen=True)
 class Result:
     """What a handler may return: stored in job_history (rows_affected, result)."""
@@ -54,13 +62,44 @@ class Result:
     data: dict[str, Any] | None = None
 
     def encoded(self) -> tuple[int | None, Any]:
-        """(rows_affected, result) for the history row; an oversized result is replaced by a note."""
+        """(rows_affected, result) for the history row; an oversized result is replaced by a note.
+
+        Raises ResultError for what cannot be stored: called before the run's commit, so that a bad
+        Result fails the run with its work rolled back rather than after its work is committed.
+        """
+        rows = _rows_affected(self.rows_affected)
         if self.data is None:
-            return self.rows_affected, None
-        text = json.dumps(self.data, default=str)
+            return rows, None
+        try:
+            text = json.dumps(self.data, default=str)
+        except Exception as e:  # default=str runs the __str__ of the handler's objects: anything
+            # A key that is not text or a number, a circular reference, an int too long for text, a
+            # value whose str() raises.
+            raise ResultError(f"pgsched.Result: data must be a dict that JSON can encode (text keys; values "
+                              f"that are JSON, or that str() turns into text), or None; "
+                              f"{type(e).__name__}: {text_of(e)}") from None
         if len(text.encode()) > MAX_RESULT_BYTES:
-            return self.rows_affected, {"truncated": True, "bytes": len(text.encode()), "limit": MAX_RESULT_BYTES}
-        return self.rows_affected, json.loads(text)
+            return rows, {"truncated": True, "bytes": len(text.encode()), "limit": MAX_RESULT_BYTES}
+        return rows, json.loads(text)
+
+
+def _rows_affected(value: object) -> int | None:
+    """rows_affected as the bigint it is stored as: a bool, float, text or Decimal is refused, not cast."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and MIN_ROWS_AFFECTED <= value <= MAX_ROWS_AFFECTED:
+        return int(value)  # an int subclass (an IntEnum) as a plain int, which JSON writes as a number
+    raise ResultError(f"pgsched.Result: rows_affected must be a whole number (int) from {MIN_ROWS_AFFECTED} to "
+                      f"{MAX_ROWS_AFFECTED}, or None; the handler gave {_shown(value)} ({type(value).__name__})")
+
+
+def _shown(value: object) -> str:
+    """repr(value), shortened, and never an exception of its own (a handler's object may have any repr)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass
@@ -191,10 +230,28 @@ def _interval(value: object, what: str, fn: str, form: str) -> schedule.Interval
     if not isinstance(value, str | timedelta):
         raise JobDeclarationError(f"{fn}: {what} must be {form}, not {value!r}")
     try:
-        return schedule.parse_interval(value) if isinstance(value, str) else schedule.Interval.from_timedelta(value)
+        iv = schedule.parse_interval(value) if isinstance(value, str) else schedule.Interval.from_timedelta(value)
     except schedule.ScheduleError as e:
         # parse_interval speaks of a schedule; name the argument this value was given for
         raise JobDeclarationError(f"{fn}: invalid {what}: {e.message}") from None
+    except OverflowError:  # digits beyond what a float holds
+        raise JobDeclarationError(f"{fn}: {what} must be {form}, not {_shown(value)}") from None
+    if not _holds(iv):
+        raise JobDeclarationError(f"{fn}: {what} must be {form}; {_shown(value)} is longer than PostgreSQL's "
+                                  "interval holds, or than the scheduler reads back")
+    return iv
+
+
+def _holds(iv: schedule.Interval) -> bool:
+    """Whether PostgreSQL's interval holds `iv` (months and days in 32 bits, microseconds in 64) and the
+    scheduler reads it back: psycopg loads an interval as a timedelta, whose days end at 999999999."""
+    if not (-(2**31) <= iv.months < 2**31 and -(2**31) <= iv.days < 2**31 and -(2**63) <= iv.micros < 2**63):
+        return False
+    try:
+        iv.approx_timedelta()
+    except OverflowError:
+        return False
+    return True
 
 
 def _duration(value: str | timedelta | None, what: str, fn: str, *, allow_none: bool) -> str | None:
@@ -243,6 +300,110 @@ def _check_signature(func: Callable[..., Any], fn: str) -> None:
         raise JobDeclarationError(
             f"{fn}: a job handler must take exactly one positional argument, the pgsched.Run "
             f"(def {func.__name__}(run: pgsched.Run) -> pgsched.Result | None); its signature is {sig}")
+
+
+def _check_plain_function(func: Callable[..., Any], fn: str) -> None:
+    """An async def handler or a generator function returns a coroutine or a generator without
+    running its body: every run would fail (pgsched runs a handler as a plain call)."""
+    call = getattr(func, "__call__", None)  # noqa: B004 - a callable object's method, not whether it is one
+    for kind, test in (("an async def function", inspect.iscoroutinefunction),
+                       ("an async generator function", inspect.isasyncgenfunction),
+                       ("a generator function", inspect.isgeneratorfunction)):
+        if test(func) or (call is not None and not inspect.isfunction(func) and test(call)):
+            raise JobDeclarationError(
+                f"{fn}: a job handler must be a plain function that returns a pgsched.Result or None; it is {kind}, "
+                "whose call returns without running its body (every run would fail): write it with def and "
+                "return (with asyncio.run(...) inside, for async code)")
+
+
+def _bad_text(value: str) -> bool:
+    """Text PostgreSQL cannot store: a NUL, or a lone surrogate (no UTF-8 for it, and JSON's
+    \\udXXX escape of one is refused by jsonb)."""
+    if "\x00" in value:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_texts(fn: str, **values: object) -> None:
+    """Every text argument (and the names in after=) is text PostgreSQL can store: refused here, naming
+    the argument, rather than by the deploy as "invalid input syntax for type json", naming neither."""
+    for argument, value in values.items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and _bad_text(text):
+                raise JobDeclarationError(f"{fn}: {argument} must be text without NUL characters or lone "
+                                          f"surrogates (PostgreSQL cannot store them), not {_shown(text)}")
+
+
+# The instants a plan may be at, as pgsched._plannable has them (sql/api/00_internal.sql): a later
+# one could not be followed by the next in Python's datetime, which ends in 9999.
+FIRST_PLAN = datetime(1, 1, 2, tzinfo=UTC)
+PLANS_END = datetime(9999, 1, 1, tzinfo=UTC)
+EVERY_FORM = "an interval such as '5 minutes' or '1 year' whose plans fall before the year 9999"
+
+
+def _check_initial_start(fn: str, initial_start: datetime | None) -> None:
+    if initial_start is None:
+        return
+    if initial_start.tzinfo is None:
+        raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
+    try:
+        plannable = FIRST_PLAN <= initial_start < PLANS_END
+    except OverflowError:  # the year 1 or 9999 with an offset that moves it out of datetime's range
+        plannable = False
+    if not plannable:
+        raise JobDeclarationError(f"{fn}: initial_start must be a finite time from the year 1 to 9998 "
+                                  f"(from {FIRST_PLAN.isoformat()}, before {PLANS_END.isoformat()}), "
+                                  f"not {initial_start.isoformat()}")
+
+
+def _check_next_plan(fn: str, every: object, iv: schedule.Interval, initial_start: datetime | None) -> None:
+    """The first plan after the start (initial_start, or now) falls before the year 9999, as the deploy
+    checks it (pgsched._check_settings; it adds in the deploy's session time zone, UTC here)."""
+    start = initial_start or datetime.now(UTC)
+    try:
+        later = _holds(iv) and schedule.add_interval(start, iv, schedule.zone(None)) < PLANS_END
+    except (OverflowError, ValueError):  # past datetime's year 9999
+        later = False
+    if not later:
+        raise JobDeclarationError(f"{fn}: every must be {EVERY_FORM}; from {start.date().isoformat()} the next "
+                                  f"plan of {_shown(every)} would fall after the year 9998")
+
+
+def _check_config(fn: str, config: object) -> None:
+    """config as jsonb stores it: JSON without NaN or infinities, text keys, text PostgreSQL holds."""
+    try:
+        json.dumps(config, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise JobDeclarationError(f"{fn}: config must be JSON-serialisable (without NaN or infinities): "
+                                  f"{text_of(e)}") from None
+    problem = _json_problem(config, "config")
+    if problem is not None:
+        raise JobDeclarationError(f"{fn}: config must be JSON that PostgreSQL's jsonb can store: {problem}")
+
+
+def _json_problem(value: object, where: str) -> str | None:
+    """What jsonb would refuse or change in JSON that json.dumps wrote, or None. (A key that is not
+    text would be written as text silently: {1: 'a'} stored as {"1": "a"}, read back otherwise.)"""
+    if isinstance(value, str):
+        return f"{where} has a NUL character or a lone surrogate" if _bad_text(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (f"the key {_shown(key)} in {where} is not text (a JSON object's keys are text: "
+                        f"write {str(key)!r} if that is meant)")
+            if _bad_text(key):
+                return f"the key {_shown(key)} in {where} has a NUL character or a lone surrogate"
+            if (problem := _json_problem(item, f"{where}[{key!r}]")) is not None:
+                return problem
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if (problem := _json_problem(item, f"{where}[{i}]")) is not None:
+                return problem
+    return None
 
 
 # What add_job refuses for job_name (sql/api/10_jobs.sql, _check_settings), said at import instead.
@@ -325,8 +486,16 @@ def job(
     def declare(func: F) -> F:
         fn = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
         _check_signature(func, fn)
+        _check_plain_function(func, fn)
         _check_types(fn, every=every, cron=cron, name=name, timezone=timezone, max_retries=max_retries,
                      scheduled=scheduled, fixed_schedule=fixed_schedule, initial_start=initial_start)
+        _check_texts(fn, every=every, cron=cron, name=name, timezone=timezone, max_runtime=max_runtime,
+                     retry_period=retry_period, catch_up=catch_up, catch_up_window=catch_up_window,
+                     schedule_delay=schedule_delay, scope_query=scope_query, database=database, exclude=exclude,
+                     jitter=jitter, concurrency_key=concurrency_key, history=history,
+                     success_retention=success_retention, failure_retention=failure_retention,
+                     after=list(after) if isinstance(after, list | tuple) else None)
+        _check_initial_start(fn, initial_start)
         upstreams = _upstreams(after, fn)
         if (every is not None and cron is not None) or (every is None and cron is None and upstreams is None):
             raise JobDeclarationError(f"{fn}: give exactly one of every= (an interval) or cron= (an expression), "
@@ -342,12 +511,16 @@ def job(
                 iv = schedule.parse_interval(every) if isinstance(every, str) else \
                     schedule.Interval.from_timedelta(every or timedelta(0))
                 schedule.check_new_interval(iv, fixed=fixed_schedule, argument="every")
+                _check_next_plan(fn, every, iv, initial_start)
                 text = str(iv)
         except schedule.ScheduleError as e:
             raise JobDeclarationError(f"{fn}: {e}") from None
+        except OverflowError:  # digits beyond what a float holds ('1e400 years' spelt out)
+            raise JobDeclarationError(f"{fn}: every must be {EVERY_FORM}, not {_shown(every)}") from None
         del tz
-        if max_retries < -1:
-            raise JobDeclarationError(f"{fn}: max_retries must be -1 (unlimited) or >= 0, not {max_retries!r}")
+        if not -1 <= max_retries <= _MAX_INT4:
+            raise JobDeclarationError(f"{fn}: max_retries must be -1 (unlimited) or a whole number from 0 to "
+                                      f"{_MAX_INT4}, not {max_retries!r}")
         if catch_up not in ("latest", "all", "none"):
             raise JobDeclarationError(f"{fn}: catch_up must be 'latest', 'all' or 'none', not {catch_up!r}")
         if isinstance(max_plans_per_tick, bool) or not isinstance(max_plans_per_tick, int) \
@@ -394,12 +567,7 @@ def job(
                                       f"(which ended runs keep a row in job_history), not {history!r}")
         keep_ok = _retention(success_retention, "success_retention", fn)
         keep_failed = _retention(failure_retention, "failure_retention", fn)
-        if initial_start is not None and initial_start.tzinfo is None:
-            raise JobDeclarationError(f"{fn}: initial_start must be timezone-aware")
-        try:
-            json.dumps(config)
-        except (TypeError, ValueError):
-            raise JobDeclarationError(f"{fn}: config must be JSON-serialisable") from None
+        _check_config(fn, config)
         job_name = name or fn
         if not job_name.strip():
             raise JobDeclarationError(f"{fn}: name must not be empty")

@@ -31,6 +31,15 @@ class PgCronConflict(PgschedError):
     """The pg_cron compatibility schema cannot be installed: pg_cron (or another `cron` schema) is there."""
 
 
+def text_of(e: BaseException) -> str:
+    """str(e), or a placeholder when the exception's __str__ itself raises (a handler's exception
+    may be of any class): what reports it must not fail in turn."""
+    try:
+        return str(e)
+    except Exception:
+        return "<exception str() failed>"  # as the traceback module says it
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an error's text, for one-line log messages."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -680,8 +680,13 @@ def _closes(finishes: Sequence[Finish], rows: Sequence[dict[str, Any]]) -> list[
 
 
 def _text(s: str | None) -> str | None:
-    """Text PostgreSQL accepts: no NUL characters (a job's error message may carry any bytes)."""
-    return None if s is None else s.replace("\x00", "\\0")
+    """Text PostgreSQL accepts: no NUL characters (a job's error message may carry any bytes), and no
+    lone surrogates, written as their escape (a Python job's message or result may hold one, from
+    os.fsdecode say: UTF-8 has no encoding of it, and jsonb refuses JSON's escape of one)."""
+    if s is None:
+        return None
+    s = s.replace("\x00", "\\0")
+    return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _json(value: Any) -> Any:

@@ -28,6 +28,7 @@ DECLARE
     s pgsched.job_settings;
     iv interval;
     id integer;
+    gone text;
 BEGIN
     -- Any fixed number: the lock only has to be the same for every deploy.
     PERFORM pg_catalog.pg_advisory_xact_lock(7401295311);
@@ -75,21 +76,32 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 
+    -- A job of these modules no longer in the code is disabled with the reason; one paused already
+    -- (alter_job, its upstream disabled, max_retries) is given the reason too, once, keeping what it
+    -- said before, so that job_stats.disabled_reason says why it will not come back.
     FOR j IN
-        SELECT * FROM pgsched.job
+        SELECT job.* FROM pgsched.job JOIN pgsched.job_stat st ON st.job_id = job.job_id
          WHERE job.owner = current_user::regrole AND job.kind = 'python' AND job.code_module = ANY (modules)
-           AND job.scheduled
+           AND (job.scheduled OR st.disabled_reason IS NULL
+                OR NOT pg_catalog.starts_with(st.disabled_reason, format('%s.%s is no longer in the code of module ',
+                                                                         job.code_module, job.code_function)))
            AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(specs) e WHERE e.value->>'job_name' = job.job_name)
-           FOR NO KEY UPDATE
+           FOR NO KEY UPDATE OF job
     LOOP
+        SELECT st.disabled_reason INTO gone FROM pgsched.job_stat st WHERE st.job_id = j.job_id;
         -- The reason first: pausing it passes the reason on to its dependents (07_dependencies.sql).
         UPDATE pgsched.job_stat st
-           SET disabled_reason = format('%s.%s is no longer in the code of module %s (deployed %s)',
-                                        j.code_module, j.code_function, j.code_module, now())
+           SET disabled_reason = format('%s.%s is no longer in the code of module %s (deployed %s)%s',
+                                        j.code_module, j.code_function, j.code_module, now(),
+                                        CASE WHEN NOT j.scheduled
+                                             THEN format('; it was paused before: %s', coalesce(gone, 'paused'))
+                                        END)
          WHERE st.job_id = j.job_id;
-        UPDATE pgsched.job SET scheduled = false WHERE job.job_id = j.job_id;
-        PERFORM pg_catalog.pg_notify('pgsched_events',
-                                     pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL));
+        IF j.scheduled THEN
+            UPDATE pgsched.job SET scheduled = false WHERE job.job_id = j.job_id;
+            PERFORM pg_catalog.pg_notify('pgsched_events',
+                                         pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL));
+        END IF;
         job_id := j.job_id; job_name := j.job_name; action := 'disabled';
         RETURN NEXT;
     END LOOP;

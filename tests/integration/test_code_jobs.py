@@ -141,6 +141,27 @@ def test_deploy_inserts_updates_and_disables_without_deleting(db: str, conn: Con
         "scheduled", None)
 
 
+def test_a_paused_job_no_longer_in_the_code_is_given_the_reason_and_stays_paused(
+        db: str, conn: Conn, versioned_app: tuple[str, Path]) -> None:
+    """It was left without one: job_stats.disabled_reason did not say that it will not come back."""
+    name, path = versioned_app
+    load(name, path, "@pgsched.job(every='5 minutes', name='a')\ndef a(run): pass\n\n"
+                     "@pgsched.job(every='5 minutes', name='b')\ndef b(run): pass\n")
+    deploy(db, [name])
+    b = job_id(conn, "b")
+    conn.execute("SELECT alter_job(%s, scheduled => false)", (b,))
+    load(name, path, "@pgsched.job(every='5 minutes', name='a')\ndef a(run): pass\n")
+    assert sorted((n, a) for _, n, a in deploy(db, [name])) == [("a", "unchanged"), ("b", "disabled")]
+    state, reason = conn.execute("SELECT state, disabled_reason FROM job_stats WHERE job_id = %s", (b,)).fetchone() \
+        or (None, None)
+    assert state == "disabled" and reason.startswith(f"{name}.b is no longer in the code of module {name} (deployed ")
+    assert reason.endswith("; it was paused before: paused")
+    assert one(conn, "SELECT scheduled FROM pgsched.job WHERE job_id = %s", b) is False
+    # Said once: the next deploys leave it as it is.
+    assert sorted((n, a) for _, n, a in deploy(db, [name])) == [("a", "unchanged")]
+    assert one(conn, "SELECT disabled_reason FROM job_stats WHERE job_id = %s", b) == reason
+
+
 def test_a_pause_with_alter_job_lasts_until_the_next_deploy(db: str, conn: Conn) -> None:
     deploy(db, [DEMO])
     ok = job_id(conn, "demo.ok")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+import functools
+import math
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -157,6 +160,47 @@ def test_a_handler_that_cannot_take_a_run_is_refused(handler: Any) -> None:
     ({"every": "1 minute", "scheduled": "no"}, "scheduled must be True or False"),
     ({"every": "1 minute", "fixed_schedule": 1}, "fixed_schedule must be True or False"),
     ({"every": "1 minute", "initial_start": "2026-01-01"}, "initial_start must be a timezone-aware datetime"),
+    # accepted here, refused by the deploy ("invalid input syntax for type json", naming neither function nor argument)
+    ({"every": "1 minute", "config": {"x": math.nan}}, "config must be JSON-serialisable \\(without NaN"),
+    ({"every": "1 minute", "config": [math.inf]}, "config must be JSON-serialisable \\(without NaN"),
+    ({"every": "1 minute", "config": {"x": "a\x00b"}}, r"config\['x'\] has a NUL character"),
+    ({"every": "1 minute", "config": {"x\x00": 1}}, "the key 'x\\\\x00' in config has a NUL"),
+    ({"every": "1 minute", "config": {"x": ["\ud800"]}}, r"config\['x'\]\[0\] has a NUL character or a lone surr"),
+    ({"every": "1 minute", "config": {1: "a"}}, "the key 1 in config is not text .*write '1'"),
+    ({"every": "1 minute", "config": {"a": {True: 1}}}, r"the key True in config\['a'\] is not text"),
+    ({"every": "1 minute", "name": "a\x00b"}, "name must be text without NUL characters or lone surrogates"),
+    ({"every": "1 minute", "name": "\udc80"}, "name must be text without NUL"),
+    ({"every": "1 minute", "database": "app\x00"}, "database must be text without NUL"),
+    ({"every": "1 minute", "database": "\ud800"}, "database must be text without NUL"),
+    ({"every": "1 minute", "concurrency_key": "k\x00"}, "concurrency_key must be text without NUL"),
+    ({"every": "1 minute", "concurrency_key": "\udfff"}, "concurrency_key must be text without NUL"),
+    ({"every": "1 minute", "scope_query": "SELECT 1\x00"}, "scope_query must be text without NUL"),
+    ({"every": "1 minute", "timezone": "UTC\x00"}, "timezone must be text without NUL"),
+    ({"every": "1 minute", "exclude": "* 2 * * *\x00"}, "exclude must be text without NUL"),
+    ({"cron": "* * * * *\x00"}, "cron must be text without NUL"),
+    ({"every": "1 minute\x00"}, "every must be text without NUL"),
+    ({"every": "1 minute", "retry_period": "\ud800 1 minute"}, "retry_period must be text without NUL"),
+    ({"after": ["extract\x00"]}, "after must be text without NUL"),
+    ({"every": "1 minute", "max_retries": 2**31}, "max_retries must be -1 \\(unlimited\\) or a whole number from 0 to "
+                                                  "2147483647"),
+    ({"every": "8000 years"}, "every must be an interval .* before the year 9999; from .* the next plan of "
+                              "'8000 years' would fall after the year 9998"),
+    ({"every": timedelta(days=999_999_999)}, "the next plan of .* would fall after the year 9998"),
+    ({"every": "1 year", "initial_start": datetime(9998, 1, 1, tzinfo=UTC)}, "from 9998-01-01 the next plan"),
+    ({"every": "9" * 400 + " months"}, "every must be an interval"),
+    ({"every": "1 minute", "max_runtime": "300000000 years"}, "max_runtime must be .* longer than PostgreSQL's"),
+    ({"every": "1 minute", "retry_period": "99999999999 hours"}, "retry_period must be .* longer than PostgreSQL's"),
+    ({"every": "1 minute", "catch_up_window": "3000000000 days"}, "catch_up_window must be .* longer than PostgreSQL"),
+    ({"every": "1 minute", "catch_up_window": "999999999 days 25:00:00"}, "catch_up_window must be .* longer than"),
+    ({"every": "1 minute", "success_retention": "3000000000 months"}, "success_retention must be .* longer than"),
+    ({"every": "1 minute", "failure_retention": "9" * 400 + " days"}, "failure_retention must be a positive duration"),
+    ({"every": "1 minute", "initial_start": datetime(9999, 1, 1, tzinfo=UTC)},
+     "initial_start must be a finite time from the year 1 to 9998 .*not 9999-01-01T00:00:00\\+00:00"),
+    ({"every": "1 minute", "initial_start": datetime(1, 1, 1, tzinfo=UTC)}, "initial_start must be a finite time"),
+    ({"every": "1 minute", "initial_start": datetime(1, 1, 2, 3, tzinfo=timezone(timedelta(hours=5)))},
+     "initial_start must be a finite time"),
+    ({"every": "1 minute", "initial_start": datetime(9998, 12, 31, 23, tzinfo=timezone(timedelta(hours=-2)))},
+     "initial_start must be a finite time"),
 ])
 def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) -> None:
     def handler(run: pgsched.Run) -> None: ...
@@ -165,6 +209,42 @@ def test_bad_declarations_name_the_function(kwargs: dict[str, Any], match: str) 
         pgsched.job(**kwargs)(handler)
     assert "handler" in str(e.value)
     assert app.REGISTRY == {}
+
+
+async def async_handler(run: pgsched.Run) -> None: ...
+def generator_handler(run: pgsched.Run) -> Iterator[None]: yield None
+async def async_generator_handler(run: pgsched.Run) -> AsyncIterator[None]: yield None
+
+
+class AsyncCallable:
+    async def __call__(self, run: pgsched.Run) -> None: ...
+
+
+@pytest.mark.parametrize(("handler", "kind"), [
+    (async_handler, "an async def function"), (generator_handler, "a generator function"),
+    (async_generator_handler, "an async generator function"), (AsyncCallable(), "an async def function"),
+    (functools.partial(async_handler), "an async def function"),
+])
+def test_a_handler_whose_call_does_not_run_its_body_is_refused(handler: Any, kind: str) -> None:
+    """A coroutine or a generator is what such a call returns: every run would fail."""
+    with pytest.raises(pgsched.JobDeclarationError, match=f": a job handler must be a plain function .* it is {kind},"):
+        pgsched.job(every="1 minute", name="not plain")(handler)
+    assert app.REGISTRY == {}
+
+
+@pytest.mark.parametrize(("kwargs", "stored"), [
+    ({"config": {"a": [1, 2.5, None, True, {"b": "é ✓"}]}}, ("config", {"a": [1, 2.5, None, True, {"b": "é ✓"}]})),
+    ({"max_retries": 2**31 - 1}, ("max_retries", 2**31 - 1)),
+    ({"initial_start": datetime(1, 1, 2, tzinfo=UTC)}, ("initial_start", "0001-01-02T00:00:00+00:00")),
+    ({"every": "1 year", "initial_start": datetime(9997, 12, 31, tzinfo=UTC)}, ("schedule", "12 mons")),
+    ({"catch_up_window": "36500 days"}, ("catch_up_window", "36500 days")),
+])
+def test_declarations_within_the_limits_are_accepted(kwargs: dict[str, Any], stored: tuple[str, Any]) -> None:
+    pgsched.job(**{"every": "1 minute", **kwargs}, name="within")(no_params_but_run)
+    assert app.REGISTRY["within"].catalog_row()[stored[0]] == stored[1]
+
+
+def no_params_but_run(run: pgsched.Run) -> None: ...
 
 
 def test_one_name_for_two_functions_is_refused() -> None:
@@ -181,6 +261,21 @@ def test_results_are_size_capped() -> None:
     assert pgsched.Result(3, {"a": 1}).encoded() == (3, {"a": 1})
     rows, big = pgsched.Result(None, {"blob": "x" * 10_000}).encoded()
     assert rows is None and big == {"truncated": True, "bytes": 10_012, "limit": app.MAX_RESULT_BYTES}
+
+
+@pytest.mark.parametrize("rows", ["many", 2.5, True, 2**63, -(2**63) - 1, Decimal(3), [1]])
+def test_a_rows_affected_that_is_not_a_bigint_is_refused(rows: Any) -> None:
+    with pytest.raises(app.ResultError, match=r"^pgsched.Result: rows_affected must be a whole number \(int\) "
+                                              r"from -9223372036854775808 to 9223372036854775807, or None; the "
+                                              r"handler gave"):
+        pgsched.Result(rows_affected=rows).encoded()
+    assert pgsched.Result(rows_affected=2**63 - 1).encoded() == (2**63 - 1, None)
+
+
+@pytest.mark.parametrize("data", [{(1, 2): 1}, {"a": {1.5j: 1}}])
+def test_data_that_json_cannot_encode_is_refused(data: Any) -> None:
+    with pytest.raises(app.ResultError, match=r"^pgsched.Result: data must be a dict that JSON can encode .*TypeError"):
+        pgsched.Result(data=data).encoded()
 
 
 def test_lease_and_catch_up_settings_default_like_add_job() -> None:
