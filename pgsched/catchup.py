@@ -54,6 +54,14 @@ class Decision:
     last_missed: datetime | None = None
 
 
+def _minus(t: datetime, window: timedelta) -> datetime | None:
+    """`t - window`; None (no limit) for a window reaching before the year 1, which the API takes."""
+    try:
+        return t - window
+    except OverflowError:
+        return None
+
+
 def decide(s: Schedule, policy: Policy, *, plan: datetime, horizon: datetime) -> Decision:
     """For a job whose next plan is ``plan`` (due: plan <= horizon), what runs next.
 
@@ -62,7 +70,7 @@ def decide(s: Schedule, policy: Policy, *, plan: datetime, horizon: datetime) ->
     plan, horizon = utc(plan, "plan"), utc(horizon, "horizon")
     if plan > horizon:
         return Decision(plan)
-    oldest = None if policy.window is None else horizon - policy.window
+    oldest = None if policy.window is None else _minus(horizon, policy.window)
     if policy.mode == "none":
         grace = ON_TIME if policy.window is None else min(ON_TIME, policy.window)
         oldest = horizon - grace

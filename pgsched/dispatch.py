@@ -188,7 +188,12 @@ class Dispatch(LoopState):
             if c.run is None or worker is None:
                 self._fail_unrunnable(c.run_id, c.job_id, c.problem or "no worker for the run")
                 continue
-            self._launch_run(worker, c.run)
+            try:
+                self._launch_run(worker, c.run)
+            except (ValueError, OverflowError) as e:
+                # A setting the catalog holds that a run's start cannot use (a time past the
+                # year 9999): this job's run fails and the job is disabled; the loop goes on.
+                self._fail_unrunnable(c.run_id, c.job_id, f"its settings cannot be used: {e}")
 
     def _match_owners(self, claimed: list[Claimed]) -> None:
         """Give each run a worker already connected as its owner where one was claimed for, else
@@ -237,7 +242,9 @@ class Dispatch(LoopState):
                 self._skip_waiting(run, why)
                 return
         if job.max_runtime is not None:
-            run.deadline = run.started_at + job.max_runtime
+            # Past the year 9999 (the API takes such a max_runtime): no deadline.
+            with contextlib.suppress(OverflowError):
+                run.deadline = run.started_at + job.max_runtime
         worker.run = run
         self.runs[run.run_id] = run
         self.runs_started += 1

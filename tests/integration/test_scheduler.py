@@ -407,3 +407,17 @@ def test_run_records_are_written_while_the_claims_are_on_the_database(db: str, j
     assert len(in_claim) >= 200
     # Most: a run whose end comes when no worker is idle is written before the scheduler sleeps.
     assert sum(in_claim) > len(in_claim) / 2, (sum(in_claim), len(in_claim))
+
+
+def test_durations_past_the_year_9999_neither_stop_the_scheduler_nor_their_jobs(db: str, jobs: Conn) -> None:
+    """The API takes a max_runtime or catch_up_window of millions of days (any role may write one):
+    a run's deadline or a catch-up's oldest plan past what a datetime holds stopped the whole
+    scheduler with OverflowError (review of 2026-11-29). Such a limit is no limit."""
+    long = [one(jobs, f"SELECT add_job('hit', '1 second', {arg}, initial_start => now() - interval '1 hour')")
+            for arg in ("max_runtime => '3000000 days'", "catch_up_window => '3000000 days'")]
+    other = one(jobs, "SELECT add_job('hit', '1 second')")
+    t0 = time.monotonic()
+    serve(db, lambda: all(runs_of(jobs, j, "success") >= 2 for j in (*long, other)) or time.monotonic() - t0 > 15,
+          max_workers=3)
+    assert [runs_of(jobs, j, "success") >= 2 for j in (*long, other)] == [True, True, True]
+    assert one(jobs, "SELECT count(*) FROM job_stats WHERE state = 'disabled'") == 0

@@ -106,3 +106,10 @@ def test_every_due_plan_is_either_run_or_counted_missed(mode: str) -> None:
     assert len(ran) + missed == 38, (ran, missed)
     assert ran == sorted(set(ran))
 
+
+
+def test_a_window_reaching_before_the_year_1_is_no_limit() -> None:
+    """catch_up_window '3000000 days' is taken by the API; horizon - window does not exist."""
+    now = T0 + 10 * MIN + timedelta(seconds=30)
+    unlimited = decide(every_minute(), Policy("all"), plan=T0, horizon=now)
+    assert decide(every_minute(), Policy("all", window=timedelta(days=3_000_000)), plan=T0, horizon=now) == unlimited
