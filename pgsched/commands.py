@@ -161,7 +161,8 @@ def _import_apps(apps: tuple[str, ...]) -> None:
     if not apps:
         return
     try:
-        pyjob.import_apps(list(apps))
+        for warning in pyjob.import_apps(list(apps)):
+            click.echo(f"warning: {warning}", err=True)
     except app.JobDeclarationError as e:
         raise click.ClickException(str(e)) from None
     except ImportError as e:

@@ -36,10 +36,23 @@ if TYPE_CHECKING:
 TRACEBACK_LINES = 15
 
 
-def import_apps(modules: list[str]) -> None:
-    """Import the app modules so their @pgsched.job declarations register."""
+def import_apps(modules: list[str]) -> list[str]:
+    """Import the app modules so their @pgsched.job declarations register. Returns a warning for
+    each job an import declared in a module that no --app names (a package's __init__ importing
+    its jobs module, a handler moved to a helper module): the deploy, the claim and the disabling
+    of jobs gone from the code all go by the module a handler is defined in, so such a job is
+    neither deployed nor run by this instance."""
+    from pgsched import app
+
+    stray: list[str] = []
     for name in modules:
+        before = set(app.REGISTRY)
         importlib.import_module(name)
+        stray += [f"--app {name}: importing it declared job {s.name!r} ({s.module}.{s.function}) in module "
+                  f"{s.module}, which no --app names: this instance neither deploys nor runs it "
+                  f"(add --app {s.module} if it should)"
+                  for n, s in app.REGISTRY.items() if n not in before and s.module not in modules]
+    return stray
 
 
 def find(msg: dict[str, Any]) -> app.JobSpec | None:

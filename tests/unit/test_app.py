@@ -7,6 +7,7 @@ import math
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -407,3 +408,30 @@ def test_the_package_gives_the_declaration_api_but_a_worker_imports_none_of_it()
     assert {"job", "Run", "Result", "__version__"} <= set(dir(pgsched))
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         getattr(pgsched, "no_such_name")  # noqa: B009
+
+
+def test_a_job_declared_in_a_module_no_app_names_is_reported_naming_it(tmp_path: Path) -> None:
+    """`--app pkg` whose __init__ imports pkg.jobs: the jobs were declared in pkg.jobs, which the
+    deploy and the claim go by, so nothing was deployed nor claimed, silently (review of
+    2026-11-29). The import now says which module to name; naming it works."""
+    import sys
+    import uuid
+
+    from pgsched import pyjob
+
+    pkg = f"pkgapp_{uuid.uuid4().hex[:8]}"
+    (tmp_path / pkg).mkdir()
+    (tmp_path / pkg / "__init__.py").write_text("from . import jobs  # noqa: F401\n")
+    (tmp_path / pkg / "jobs.py").write_text(
+        "import pgsched\n\n@pgsched.job(every='1 hour', name='nightly_in_pkg')\ndef nightly(run): pass\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert pyjob.import_apps([pkg]) == [
+            f"--app {pkg}: importing it declared job 'nightly_in_pkg' ({pkg}.jobs.nightly) in module {pkg}.jobs, "
+            f"which no --app names: this instance neither deploys nor runs it (add --app {pkg}.jobs if it should)"]
+        assert app.registered([pkg]) == []
+        assert pyjob.import_apps([pkg, f"{pkg}.jobs"]) == []
+        assert [s.name for s in app.registered([pkg, f"{pkg}.jobs"])] == ["nightly_in_pkg"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        app.forget(f"{pkg}.jobs")
