@@ -105,6 +105,30 @@ BEGIN
         job_id := j.job_id; job_name := j.job_name; action := 'disabled';
         RETURN NEXT;
     END LOOP;
+
+    -- The same jobs deployed before by another role (`serve` run as another user once): keyed by
+    -- owner, they are other jobs, and every instance with the module would run both, each plan
+    -- twice, one as that role. The last deploy wins: those still scheduled are paused, with the
+    -- reason. (The catalog's administrators deploy, and may act as any job's owner.)
+    FOR j IN
+        SELECT job.* FROM pgsched.job
+         WHERE job.owner <> current_user::regrole AND job.kind = 'python' AND job.code_module = ANY (modules)
+           AND job.scheduled
+           AND EXISTS (SELECT 1 FROM jsonb_array_elements(specs) e WHERE e.value->>'job_name' = job.job_name)
+           FOR NO KEY UPDATE OF job
+    LOOP
+        UPDATE pgsched.job_stat st
+           SET disabled_reason = format('superseded by the job %s of the same name that role %s deployed (%s)',
+                                        (SELECT x.job_id FROM pgsched.job x
+                                          WHERE x.owner = current_user::regrole AND x.job_name = j.job_name),
+                                        current_user, now())
+         WHERE st.job_id = j.job_id;
+        UPDATE pgsched.job SET scheduled = false WHERE job.job_id = j.job_id;
+        PERFORM pg_catalog.pg_notify('pgsched_events',
+                                     pgsched._event('job_disabled', j.job_id, NULL, NULL, NULL, NULL));
+        job_id := j.job_id; job_name := j.job_name; action := 'disabled';
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 

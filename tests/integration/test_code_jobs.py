@@ -162,6 +162,36 @@ def test_a_paused_job_no_longer_in_the_code_is_given_the_reason_and_stays_paused
     assert one(conn, "SELECT disabled_reason FROM job_stats WHERE job_id = %s", b) == reason
 
 
+def test_the_same_jobs_deployed_before_by_another_role_are_paused_with_the_reason(
+        db: str, conn: Conn, versioned_app: tuple[str, Path]) -> None:
+    """`serve` once run as another role deployed the module's jobs as that role's: keyed by owner,
+    the next deploy made new ones and every instance with the module ran both, each plan twice
+    (review of 2026-11-29). The last deploy pauses the other role's, saying why."""
+    from psycopg import sql
+
+    from tests.integration.test_security import dsn_as
+
+    name, path = versioned_app
+    load(name, path, "@pgsched.job(every='5 minutes', name='a')\ndef a(run): pass\n")
+    other = f"deployer_{uuid.uuid4().hex[:8]}"
+    # A catalog administrator (it may become the tables' owner and has its rights), as a
+    # scheduler's role set up by a superuser's init would be.
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE postgres").format(sql.Identifier(other)))
+    try:
+        assert [a for _, _, a in deploy(dsn_as(db, other), [name])] == ["inserted"]
+        theirs = one(conn, "SELECT job_id FROM pgsched.job WHERE job_name = 'a' AND owner = %s::regrole", other)
+        assert sorted((n, a) for _, n, a in deploy(db, [name])) == [("a", "disabled"), ("a", "inserted")]
+        ours = one(conn, "SELECT job_id FROM pgsched.job WHERE job_name = 'a' AND owner = 'postgres'::regrole")
+        rows = conn.execute("SELECT job_id, state, disabled_reason FROM job_stats WHERE job_name = 'a' "
+                            "ORDER BY job_id").fetchall()
+        assert [(r[0], r[1]) for r in rows] == [(theirs, "disabled"), (ours, "scheduled")]
+        assert rows[0][2].startswith(f"superseded by the job {ours} of the same name that role postgres deployed (")
+        assert sorted(a for _, _, a in deploy(db, [name])) == ["unchanged"]  # said once
+    finally:
+        conn.execute("DELETE FROM pgsched.job")
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(other)))
+
+
 def test_a_pause_with_alter_job_lasts_until_the_next_deploy(db: str, conn: Conn) -> None:
     deploy(db, [DEMO])
     ok = job_id(conn, "demo.ok")
