@@ -242,9 +242,10 @@ class Dispatch(LoopState):
                 self._skip_waiting(run, why)
                 return
         if job.max_runtime is not None:
-            # Past the year 9999 (the API takes such a max_runtime): no deadline.
-            with contextlib.suppress(OverflowError):
+            try:
                 run.deadline = run.started_at + job.max_runtime
+            except OverflowError:  # past the year 9999 (the API takes such a max_runtime): no deadline
+                run.deadline = None
         worker.run = run
         self.runs[run.run_id] = run
         self.runs_started += 1

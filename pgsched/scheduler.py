@@ -339,13 +339,18 @@ class Scheduler(Requests):
             log.info("the server was promoted: starting")
             try:
                 self._become_active(first=self.instance_id is None)
-            except (SchemaVersionMismatch, DeployError, psycopg.OperationalError):
+            except (SchemaVersionMismatch, DeployError):
                 raise
             except psycopg.Error as e:
                 # As when connecting (_connect): a new connection tries the start again, instead
-                # of a loop that goes on half started (no instance registered).
-                self._check_schema()
-                self._lost_connection(e)
+                # of a loop that goes on half started (no instance registered, or its @restart
+                # jobs not armed). Also for an OperationalError on a connection still there (a
+                # lock timeout: any role may lock pgsched.job), which _tick would take as one
+                # failed statement.
+                if self.store is not None and not (isinstance(e, psycopg.OperationalError) and self.store.lost()):
+                    self._check_schema()
+                if self.store is not None:  # (the schema's check may have found the connection lost)
+                    self._lost_connection(e)
 
     # -- waiting ---------------------------------------------------------------------------
     def _wait(self) -> None:
@@ -368,7 +373,9 @@ class Scheduler(Requests):
         # regardless, a heartbeat that cannot happen stays due and the loop spun at 100 % CPU.
         connected = self.store is not None and not self.standby
         if self.store is None:
-            candidates = [self._reconnect_at - now_mono]
+            # Also a tick every half dead_after: /healthz says a loop that has not ticked for
+            # dead_after is hung, and the reconnect backoff reaches 12 s.
+            candidates = [min(self._reconnect_at - now_mono, self.settings.dead_after / 2)]
         elif self.standby:
             candidates = [self._safety_at - now_mono]
         else:

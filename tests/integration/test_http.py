@@ -376,3 +376,29 @@ def test_reaping_strays_survives_running_out_of_file_descriptors() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "0"]
     assert r.stderr.count("cannot look for stray children") == 1, r.stderr
+
+
+def test_a_loop_waiting_to_reconnect_stays_healthy() -> None:
+    """Cut off from its database, the loop sleeps between reconnects (it used to spin); the backoff
+    reaches reconnect_max * 1.2, past dead_after, so it also wakes every half dead_after: /healthz
+    says "the loop ticked" all along (review of 2026-11-29)."""
+    from pgsched.embedded import free_port
+    from pgsched.httpd import health
+    from pgsched.metrics import LoopMetrics
+
+    sched = Scheduler(Settings(dsn=f"host=127.0.0.1 port={free_port()} dbname=x user=nobody connect_timeout=1",
+                               max_workers=1, dead_after=1.5, heartbeat_interval=0.5, reconnect_max=3.0))
+    sched.metrics = LoopMetrics()
+    stop = threading.Event()
+    t = threading.Thread(target=sched.run, kwargs={"until": stop.is_set})
+    t.start()
+    try:
+        deadline = time.monotonic() + 8.0
+        verdicts = []
+        while time.monotonic() < deadline:
+            verdicts.append(health(sched)[0])
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        t.join(10)
+    assert set(verdicts) == {200}, verdicts

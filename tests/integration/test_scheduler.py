@@ -421,3 +421,36 @@ def test_durations_past_the_year_9999_neither_stop_the_scheduler_nor_their_jobs(
           max_workers=3)
     assert [runs_of(jobs, j, "success") >= 2 for j in (*long, other)] == [True, True, True]
     assert one(jobs, "SELECT count(*) FROM job_stats WHERE state = 'disabled'") == 0
+
+
+def test_a_lock_on_the_catalog_at_promotion_delays_the_start_without_stopping_it(
+        db: str, jobs: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start after a promotion meets a lock on pgsched.job (any role may take one): its deploy
+    fails on the lock timeout, a connection error on a connection still there. It used to go on
+    half started and then stop on an assertion (review of 2026-11-29); it starts again instead."""
+    import threading
+
+    from pgsched.store import Store
+
+    promoted = threading.Event()
+    monkeypatch.setattr(Store, "in_recovery", lambda self: not promoted.is_set())
+    j = one(jobs, "SELECT add_job('hit', '1 second')")
+
+    def promote_under_a_lock() -> None:
+        with psycopg.connect(db) as locker:
+            time.sleep(0.5)
+            locker.execute("LOCK TABLE pgsched.job IN ACCESS EXCLUSIVE MODE")
+            promoted.set()
+            time.sleep(2.5)
+            locker.rollback()
+
+    t = threading.Thread(target=promote_under_a_lock)
+    t.start()
+    sched = Scheduler(Settings(dsn=db, max_workers=2, crash_wait=1.0, safety_interval=0.2, standby_poll=0.2,
+                               apps=("tests.apps.demo_jobs",)))
+    t0 = time.monotonic()
+    try:
+        sched.run(until=lambda: runs_of(jobs, j, "success") >= 1 or time.monotonic() - t0 > 30)
+    finally:
+        t.join()
+    assert sched.instance_id is not None and runs_of(jobs, j, "success") >= 1
