@@ -18,7 +18,7 @@ import psycopg
 
 from pgsched import __version__, migrate
 from pgsched.config import dsn_problem, redact, resolve_dsn, scrub
-from pgsched.errors import PgschedError, first_line
+from pgsched.errors import PgschedError, first_line, printable
 from pgsched.settings import MAX_WORKER_SESSIONS
 
 
@@ -326,10 +326,10 @@ def run_cmd(job_id: int, dsn: str | None, apps: tuple[str, ...]) -> None:
     try:
         result = pyjob.run_now(target, job_id)
     except (PgschedError, psycopg.Error) as e:
-        raise click.ClickException(scrub(str(e).strip(), target)) from None
+        _fail(scrub(str(e).strip(), target))
     if not result.ok:
-        raise click.ClickException(f"job {job_id} failed: {result.message}")
-    click.echo(f"job {job_id} succeeded" + (f": {result.result}" if result.result is not None else ""))
+        _fail(f"job {job_id} failed: {result.message}")
+    click.echo(printable(f"job {job_id} succeeded" + (f": {result.result}" if result.result is not None else "")))
 
 
 # -- operator commands: logic in pgsched/ops/ --------------------------------------------------
@@ -351,7 +351,13 @@ class DownError(click.ClickException):
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    raise (DownError if code == 2 else click.ClickException)(message)
+    raise (DownError if code == 2 else click.ClickException)(_printable_lines(message))
+
+
+def _printable_lines(text: str) -> str:
+    """What roles wrote (a job's name, an error, a traceback's lines) as the terminal must show it:
+    line by line, control characters escaped (errors.printable)."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 @contextlib.contextmanager
@@ -477,7 +483,7 @@ def _set_scheduled(dsn: str | None, refs: tuple[str, ...], scheduled: bool) -> N
             for j in found:
                 query.set_scheduled(conn, j.job_id, scheduled)
     for j in found:
-        click.echo(f"job {j.job_id} ({j.job_name}) {'resumed' if scheduled else 'paused'}")
+        click.echo(printable(f"job {j.job_id} ({j.job_name}) {'resumed' if scheduled else 'paused'}"))
 
 
 @main.command()
@@ -520,8 +526,8 @@ def trigger(job: str, dsn: str | None, wait: float) -> None:
         _fail(f"job {j.job_id} ({j.job_name}): no scheduler started the run within {wait:g}s: is `pgsched serve` "
               "running (with the job's --app, for a Python job)? The request stands for 10 minutes: a scheduler "
               "started meanwhile takes it, and one that heard it starts it once the job's run in progress ends")
-    click.echo(f"job {j.job_id} ({j.job_name}): " +
-               (f"run {run['run_id']} started" if run else f"run requested (plan_time {plan.isoformat()})"))
+    click.echo(printable(f"job {j.job_id} ({j.job_name}): " +
+                         (f"run {run['run_id']} started" if run else f"run requested (plan_time {plan.isoformat()})")))
 
 
 @main.command()
@@ -549,7 +555,8 @@ def cancel(job: str, dsn: str | None, wait: float) -> None:
             outcomes = query.run_outcomes(conn, run_ids)
     for rid in run_ids:
         outcome = outcomes.get(rid, "ended (its job's history level keeps no row of it)")
-        click.echo(f"job {j.job_id} ({j.job_name}): run {rid} {outcome if outcome != 'running' else 'cancel asked'}")
+        click.echo(printable(f"job {j.job_id} ({j.job_name}): run {rid} "
+                             f"{outcome if outcome != 'running' else 'cancel asked'}"))
     if wait > 0 and any(o == "running" for o in outcomes.values()):
         _fail(f"job {j.job_id}: the run did not end within {wait:g}s (its scheduler may be unreachable)")
 
@@ -736,7 +743,7 @@ def import_pg_cron(source: str, target: str | None, history: bool, disable_sourc
     except (PgschedError, psycopg.Error) as e:
         # Its connection errors name the database and DSN (password removed); a driver message
         # from later may still echo a password.
-        raise click.ClickException(scrub(scrub(str(e).strip(), source), target or "")) from None
+        _fail(scrub(scrub(str(e).strip(), source), target or ""))
     for line in report.lines():
         click.echo(line)
 

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pgsched.errors import printable
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, datetime | date):
@@ -31,7 +33,9 @@ def emit_json(data: Any) -> None:
 
 
 def cell(value: Any) -> str:
-    """How a value reads in a table: times to the second in the reader's zone as stored, seconds to ms."""
+    """How a value reads in a table: times to the second in the reader's zone as stored, seconds to
+    ms, text with its control characters escaped (rich strips a few, not ESC: a job's name could
+    drive the reader's terminal)."""
     if value is None:
         return "-"
     if isinstance(value, datetime):
@@ -40,7 +44,7 @@ def cell(value: Any) -> str:
         return f"{value:.3f}"
     if isinstance(value, timedelta):
         return f"{value.total_seconds():.3f}s"
-    return str(value)
+    return printable(str(value))
 
 
 def table(title: str | None, rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
@@ -61,4 +65,4 @@ def table(title: str | None, rows: Sequence[dict[str, Any]], columns: Sequence[t
 
 
 def line(text: str, console: Console | None = None) -> None:
-    (console or Console()).print(text, markup=False, highlight=False)
+    (console or Console()).print(printable(text), markup=False, highlight=False)

@@ -139,6 +139,26 @@ def test_names_and_errors_from_the_database_are_shown_as_written(dsn: str) -> No
             assert "[/boom] [bold]x" in r.stdout, (args, r.stdout)
 
 
+def test_control_characters_a_role_wrote_reach_no_terminal(dsn: str) -> None:  # noqa: F811
+    """A job named with an escape sequence (OSC: the terminal's title; CSI: clear the screen) and a
+    newline forging a line: the commands that print it show it escaped (rich strips a few control
+    characters, not ESC; click.echo none). Review of 2026-11-29."""
+    name = "evil\x1b[2J\x1b]0;pwned\x07name\nforged line"
+    execute(dsn, "CREATE FUNCTION public.evil(job_id int, config jsonb) RETURNS void LANGUAGE plpgsql "
+                 "AS $$ BEGIN RAISE EXCEPTION E'bad\\x1b[31m\\nnews'; END $$")
+    job = add_job(dsn, "'evil', '1 hour', job_name => %s, initial_start => '2100-01-01 00:00+00'", (name,))
+    with psycopg.connect(dsn, autocommit=True) as c, pytest.raises(psycopg.errors.RaiseException):
+        c.execute("CALL pgsched.run_job(%s)", (job,))
+    for args in (["pause", str(job)], ["resume", str(job)], ["jobs"], ["history"], ["status"], ["next", str(job)]):
+        r = cli(*args, "--dsn", dsn)
+        assert "Traceback" not in r.stderr, (args, r.stderr)
+        for stream in (r.stdout, r.stderr):
+            assert "\x1b" not in stream and "\x07" not in stream and "forged line\n" not in stream.replace(
+                "\\nforged line", ""), (args, stream)
+    r = cli("pause", str(job), "--dsn", dsn)
+    assert r.stdout == f"job {job} (evil\\x1b[2J\\x1b]0;pwned\\x07name\\nforged line) paused\n"
+
+
 def test_watch_believes_the_views_not_the_notification(dsn: str, roles: tuple[str, str, str]) -> None:  # noqa: F811
     """Any role may NOTIFY on pgsched_events. Payloads without the kind or the ids, or of another
     shape, are ignored; an event the views do not bear out (a job that is not disabled, a run that
