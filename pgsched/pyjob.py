@@ -133,7 +133,7 @@ def run(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: Heartbeat
         returned = spec.handler(handle)
         if returned is not None and not isinstance(returned, app.Result):
             raise TypeError(f"the handler returned {type(returned).__name__}; expected pgsched.Result or None")
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             conn.rollback()
             return Done(run_id, ok=False, sqlstate="25P02", message=CAUGHT_ERROR)
         # Checked and encoded before the commit: a Result that cannot be stored fails the run with
@@ -194,13 +194,19 @@ class ClientState:
         if conn.closed or conn.broken:
             return  # the worker replaces it
         with contextlib.suppress(psycopg.Error):  # lost meanwhile: the worker's reset finds out
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 conn.rollback()
         if conn.closed or conn.broken:
             return
         conn.autocommit = True
-        # None: the server's defaults (a worker sets none of them).
-        conn.read_only = conn.isolation_level = conn.deferrable = None
+        # None: the server's defaults (a worker sets none of them). Each setter takes the
+        # connection's lock: set only what the handler changed (a run's path).
+        if conn.read_only is not None:
+            conn.read_only = None
+        if conn.isolation_level is not None:
+            conn.isolation_level = None
+        if conn.deferrable is not None:
+            conn.deferrable = None
         conn.row_factory = self.row_factory
         conn.cursor_factory = self.cursor_factory
         conn.server_cursor_factory = self.server_cursor_factory
