@@ -18,9 +18,12 @@ EVENTS = ("run_end", "job_disabled")  # README "Events"
 FAILED = ("failure", "timeout", "crash", "cancelled")  # the outcomes a run_end is sent for
 
 
-# A run_end names a run that ended a moment ago; one that names a run ended longer ago than this
-# is a notification sent again (anyone may NOTIFY), not news.
+# A run_end names a run that ended a moment ago, or one whose close was written late (its
+# scheduler cut off, the catalog locked): one that ended before the watch began, by more than
+# this, is a notification sent again (anyone may NOTIFY), not news.
 RECENT_S = 60.0
+# The runs whose end was shown, remembered to show none twice: the latest this many.
+REMEMBERED = 10_000
 
 
 def follow(conn: query.Conn, *, limit: int | None = None, timeout: float | None = None,
@@ -32,8 +35,9 @@ def follow(conn: query.Conn, *, limit: int | None = None, timeout: float | None 
     if on_listening is not None:
         on_listening()
     shown = 0
-    ended: set[int] = set()  # the runs whose end was shown
-    deadline = None if timeout is None else time.monotonic() + timeout
+    began = time.monotonic()
+    ended: dict[int, None] = {}  # the runs whose end was shown, oldest first
+    deadline = None if timeout is None else began + timeout
     while limit is None or shown < limit:
         wait = None if deadline is None else deadline - time.monotonic()
         if wait is not None and wait <= 0:
@@ -43,13 +47,15 @@ def follow(conn: query.Conn, *, limit: int | None = None, timeout: float | None 
         for payload in payloads:
             if limit is not None and shown >= limit:
                 return
-            event = describe(conn, payload)
+            event = describe(conn, payload, max_age=time.monotonic() - began + RECENT_S)
             if event is None:
                 continue
             if event["event"] == "run_end":
                 if event["run_id"] in ended:
                     continue
-                ended.add(event["run_id"])
+                ended[event["run_id"]] = None
+                if len(ended) > REMEMBERED:
+                    del ended[next(iter(ended))]
             shown += 1
             if timeout is not None:
                 deadline = time.monotonic() + timeout
@@ -61,11 +67,12 @@ def _id(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
+def describe(conn: query.Conn, payload: str, max_age: float = RECENT_S) -> dict[str, Any] | None:
     """The event a payload announces, or None. Anyone may NOTIFY on the channel, so only the kind
     and the ids are taken from it; all else is read through the views, and an event they do not
-    bear out (no such run of that job, a run that did not fail, a job neither disabled nor given a
-    reason) is dropped, as is one this role may not see."""
+    bear out (no such run of that job, a run that did not fail or ended more than `max_age`
+    seconds ago, a job neither disabled nor given a reason) is dropped, as is one this role may
+    not see."""
     try:
         event = json.loads(payload)
     except ValueError:
@@ -81,7 +88,7 @@ def describe(conn: query.Conn, payload: str) -> dict[str, Any] | None:
         return None
     details = dict(found)
     ended_ago = details.pop("ended_ago_s")
-    if event["event"] == "run_end" and (details["outcome"] not in FAILED or (ended_ago or 0.0) > RECENT_S):
+    if event["event"] == "run_end" and (details["outcome"] not in FAILED or (ended_ago or 0.0) > max_age):
         return None
     # (A running job disabled meanwhile, by its upstream's pause say, is 'starting' with the reason
     # set until its run ends.)

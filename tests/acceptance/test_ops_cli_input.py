@@ -248,3 +248,22 @@ def test_watch_times_out_while_only_events_it_may_not_see_arrive(dsn: str, roles
             w.kill()
             w.wait()
     assert time.monotonic() - started < 12
+
+
+def test_a_runs_end_written_late_is_news_to_a_watch_that_began_before_it_ended(dsn: str) -> None:  # noqa: F811
+    """The age that makes a run's end a replay counts from when the watch began: a close written
+    late (its scheduler cut off, the catalog locked) names a run that ended long ago but after the
+    watch began, and is shown."""
+    from pgsched.ops import query, watch
+
+    job = add_job(dsn, "'tick', '1 hour', job_name => 'late', initial_start => '2100-01-01 00:00+00'")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, outcome, sqlstate, "
+                        "message) SELECT %s, t, t, t, 'failure', 'P0001', 'late' "
+                        "FROM (SELECT now() - interval '10 minutes' AS t) x RETURNING run_id", (job,)).fetchone()
+    assert row is not None
+    payload = json.dumps({"event": "run_end", "job_id": job, "run_id": row[0]})
+    with query.connect(dsn) as conn:
+        assert watch.describe(conn, payload) is None  # a watch that began a moment ago: a replay
+        shown = watch.describe(conn, payload, max_age=15 * 60)  # one that began 14 minutes ago
+        assert shown is not None and shown["message"] == "late"
