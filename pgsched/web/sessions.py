@@ -154,10 +154,12 @@ class Sessions:
     def sign_in(self, role: str, password: str, replacing: str | None = None) -> Session:
         """A new session of `role`; `replacing`: the id of the session the browser had, which ends."""
         self.check_form(role, password)
-        if replacing:
-            self.end(replacing)
         self.expire()
-        if len(self) >= MAX_SESSIONS:
+        # The session it replaces ends once the new one is in (a refused sign-in keeps it), and
+        # makes room for it meanwhile.
+        with self._lock:
+            freed = 1 if replacing and replacing in self._by_id else 0
+        if len(self) - freed >= MAX_SESSIONS:
             raise SignInRefused(f"sign-in refused: the dashboard holds {MAX_SESSIONS} sessions, its most; "
                                 "try again when one has ended")
         try:
@@ -179,6 +181,8 @@ class Sessions:
             raise SignInRefused(f"sign-in refused: the server let role {role} in without checking its password "
                                 "(pg_hba.conf trust, peer or similar); the dashboard signs in only where PostgreSQL "
                                 "asks for the password (use --single-user on a laptop)")
+        if replacing:
+            self.end(replacing)
         return self._add(role, conn)
 
     def single(self) -> Session:

@@ -101,6 +101,9 @@ def test_sessions_are_bounded_per_role_and_in_all_and_a_sign_in_ends_the_browser
         for _ in range(4):  # one browser signing in again and again holds one session
             sign_in(c, webdb.odb.alice)
         assert dashboard_sessions(wadmin, webdb.odb.alice) == 1
+        # A refused sign-in (a mistyped password when switching roles) keeps the session it had.
+        assert attempt(c, webdb.odb.bob, "Wrong-Secret-4711").status_code == 401
+        assert c.get("/jobs").status_code == 200 and dashboard_sessions(wadmin, webdb.odb.alice) == 1
     browsers = [TestClient(app, follow_redirects=False) for _ in range(4)]
     with browsers[0], browsers[1], browsers[2], browsers[3]:
         for b in browsers[:3]:
