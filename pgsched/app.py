@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgsched import exclusion, schedule
 from pgsched.errors import PgschedError, text_of
-from pgsched.model import MAX_CONCURRENCY_KEY, PRIORITY_MAX, PRIORITY_MIN
+from pgsched.model import INT4_MAX, INT8_MAX, INT8_MIN, MAX_CONCURRENCY_KEY, PRIORITY_MAX, PRIORITY_MIN
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,7 +31,7 @@ NO_DELAY = timedelta(0)
 MAX_SCHEDULE_DELAY = timedelta(days=365)
 # jitter's bounds, as add_job checks them (sql/api/10_jobs.sql).
 MAX_JITTER = timedelta(days=1)
-_MAX_INT4 = 2**31 - 1
+_MAX_INT4 = INT4_MAX
 # history's levels, as add_job checks them (sql/api/45_history.sql, pgsched._history_form).
 HISTORY_LEVELS = ("all", "failures", "none")
 # scope_query's length limit, as add_job checks it (sql/api/10_jobs.sql); the deploy plans the query.
@@ -47,7 +47,7 @@ class LeaseLost(PgschedError):
 
 
 # rows_affected is stored as a bigint (job_history.rows_affected).
-MIN_ROWS_AFFECTED, MAX_ROWS_AFFECTED = -(2**63), 2**63 - 1
+MIN_ROWS_AFFECTED, MAX_ROWS_AFFECTED = INT8_MIN, INT8_MAX
 
 
 class ResultError(PgschedError):

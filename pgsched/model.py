@@ -22,6 +22,9 @@ from pgsched.schedule import Schedule
 PRIORITY_MIN, PRIORITY_MAX = -3600, 3600
 # A concurrency key's length, as _check_settings and set_concurrency_limit refuse it.
 MAX_CONCURRENCY_KEY = 200
+# PostgreSQL's integer and bigint: a job's id, a run's id and rows_affected are these.
+INT4_MAX = 2**31 - 1
+INT8_MIN, INT8_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from pgsched.catchup import Decision, Policy
 from pgsched.clock import Clock
 from pgsched.config import pin_search_path
 from pgsched.cron import Cron
-from pgsched.model import Job, JobSettings, Run
+from pgsched.model import INT8_MAX, Job, JobSettings, Run
 from pgsched.schedule import Interval, Schedule
 from pgsched.state import AbandonedCause
 
@@ -42,7 +42,6 @@ CHANNEL = "pgsched_catalog"
 # a wake-up only, for anyone may send it; the request is the row, read by Store.read_requests.
 REQUEST_PREFIX = "request:"
 _REQUEST_ID = re.compile(r"[1-9][0-9]{0,18}")
-_MAX_BIGINT = 2**63 - 1
 # Notifications that say only that runs became claimable: queued scope runs (_close_batch), a
 # dependent an upstream's success made due (07_dependencies.sql), a concurrency key freed (_end_runs).
 RUNS_CLAIMABLE = frozenset({"scopes", "job_run:upstream", "concurrency_key:free"})
@@ -365,7 +364,7 @@ class Store:
         # Anyone may notify on the channel: an id that is not a request's (not ASCII digits, or past
         # bigint, which psycopg would send as numeric) is dropped here, not sent to the database.
         request_id = payload[len(REQUEST_PREFIX):]
-        if payload.startswith(REQUEST_PREFIX) and _REQUEST_ID.fullmatch(request_id) and int(request_id) <= _MAX_BIGINT:
+        if payload.startswith(REQUEST_PREFIX) and _REQUEST_ID.fullmatch(request_id) and int(request_id) <= INT8_MAX:
             self.requests.append(int(request_id))
         # Runs became claimable (queued runs, a free concurrency key): the plan is to be read again,
         # nothing was deleted.

@@ -32,6 +32,7 @@ from starlette.templating import Jinja2Templates
 
 from pgsched import __version__, schedule
 from pgsched.errors import PgschedError, first_line
+from pgsched.model import INT4_MAX
 from pgsched.ops import dashboard, query, upcoming
 from pgsched.web import charts, words
 from pgsched.web.server import is_loopback
@@ -45,7 +46,7 @@ MAX_BUCKETS = 100        # buckets per row when bucketed (24 h: 15 minutes each)
 MAX_ROWS = 100           # jobs (rows) on one timeline
 STATEMENT_TIMEOUT = "30s"  # a page's query may not hold its session's connection longer
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=5), timedelta(days=7)
-MAX_JOB_ID = 2**31 - 1   # job_id is an integer
+MAX_JOB_ID = INT4_MAX   # job_id is an integer
 EXPIRE_EVERY = 5.0       # seconds between two sweeps of expired sessions (their connections close)
 ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Run now", "cancel": "Cancel the running run of"}
 HEADERS = {

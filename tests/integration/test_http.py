@@ -199,8 +199,9 @@ def test_idle_connections_are_bounded_and_time_out(served: Served, monkeypatch: 
     try:
         began = time.monotonic()
         assert served.get("/metrics")[0] == 200
-        assert time.monotonic() - began < 2
-        assert threading.active_count() <= threads + httpd.MAX_CONNECTIONS + 2
+        assert time.monotonic() - began < 5  # not held up by the idle ones (a loaded CI machine: slack)
+        # The evicted connections' threads end as they see their socket closed: poll, not one look.
+        wait(lambda: threading.active_count() <= threads + httpd.MAX_CONNECTIONS + 2)
         closed: set[socket.socket] = set()
 
         def evicted() -> bool:
@@ -216,7 +217,7 @@ def test_idle_connections_are_bounded_and_time_out(served: Served, monkeypatch: 
     with socket.create_connection(("127.0.0.1", served.server.port), timeout=5) as silent:
         began = time.monotonic()
         assert silent.recv(1) == b""
-        assert 0.25 <= time.monotonic() - began < 2
+        assert 0.25 <= time.monotonic() - began < 5
 
 
 def test_a_client_that_leaves_early_prints_nothing(served: Served, capfd: pytest.CaptureFixture[str],
@@ -261,7 +262,7 @@ def test_a_locked_catalog_does_not_hang_a_scrape(pg_server: PgServer, db: str, s
     with catalog_locked(pg_server, db):
         began = time.monotonic()
         s = served.samples()
-        assert time.monotonic() - began < 2.5
+        assert time.monotonic() - began < 5
         assert s[("pgsched_up", ())] == 1 and ("pgsched_runs_total", (("outcome", "success"),)) in s
         assert not any(k[0] == "pgsched_jobs" for k in s)
         conn = served.server.catalog.conn
@@ -281,7 +282,7 @@ def test_stop_cancels_a_blocked_scrape(pg_server: PgServer, db: str, monkeypatch
             wait(lambda: scrape_waits_on_a_lock(db))
             began = time.monotonic()
             served.server.stop()
-            assert time.monotonic() - began < 2
+            assert time.monotonic() - began < 5
             code, text = scrape.result(timeout=5)
             assert code == 200 and "pgsched_up" in text and "pgsched_jobs" not in text
 
