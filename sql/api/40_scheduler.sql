@@ -548,7 +548,12 @@ $$;
 --   'stopped': their scheduler stopped (or its row is gone);
 --   'gone': their scheduler's database session ended and it has not heartbeated for
 --           `grace` (a scheduler that reconnects at once keeps its runs; its connection
---           closes when its process dies, so this is the fast signal after a kill -9);
+--           closes when its process dies, so this is the fast signal after a kill -9). A
+--           session the server's restart ended says nothing of its scheduler, which may still
+--           be backing off before it reconnects: a holder whose last heartbeat predates the
+--           server's start is gone only dead_after after that start (the first peer back
+--           closed the runs of a slower one as crashes, successes it was about to write among
+--           them: seen once in CI on a slow machine);
 --   'stale': the run's lease was not renewed for dead_after (a paused or partitioned
 --           scheduler whose session is still there);
 --   'session': a run_job whose calling session is gone;
@@ -592,6 +597,9 @@ SET search_path = pg_catalog, pg_temp AS $$
                      WHEN i.instance_id IS NULL OR i.stopped_at IS NOT NULL THEN 'stopped'
                      WHEN i.heartbeat_at < _abandoned_runs.now - grace
                           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = i.backend_pid)
+                          AND NOT (pg_catalog.pg_postmaster_start_time() > i.heartbeat_at
+                                   AND pg_catalog.pg_postmaster_start_time() >= _abandoned_runs.now - dead_after
+                                   AND pg_catalog.pg_postmaster_start_time() <= _abandoned_runs.now)
                          THEN 'gone'
                      WHEN coalesce(r.heartbeat_at, r.started_at) < _abandoned_runs.now - dead_after THEN 'stale'
                    END AS cause

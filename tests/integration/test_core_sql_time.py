@@ -145,6 +145,30 @@ def test_a_holder_whose_session_is_gone_is_found_after_the_grace(api: Conn, db: 
     assert abandoned(api, other, T + GRACE + timedelta(microseconds=1)) == {run["run_id"]: "gone"}
 
 
+def test_a_holder_whose_session_the_servers_restart_ended_has_dead_after_to_come_back(api: Conn, db: str) -> None:
+    """After a server restart every scheduler's session is gone, and each reconnects on its own
+    backoff: the first back closed a slower peer's runs as crashes (successes it was about to
+    write among them). A holder whose last heartbeat predates the server's start is gone only
+    dead_after after that start; one that heartbeated since, as before, after the grace."""
+    started = scalar(api, "SELECT pg_postmaster_start_time()")
+    add_job(api, started - 2 * S)
+    other = register(api, started)
+    with psycopg.connect(db, autocommit=True) as gone:
+        holder = register(gone, started - S)
+        [run] = claim(gone, holder, started - S)
+    for _ in range(200):
+        if not rows(api, "SELECT 1 FROM pg_stat_activity WHERE pid = (SELECT backend_pid FROM pgsched.instance "
+                         "WHERE instance_id = %s)", (holder,)):
+            break
+        api.execute("SELECT pg_sleep(0.01)")
+    assert abandoned(api, other, started + GRACE + S) == {}  # past the grace, within dead_after of the start
+    assert abandoned(api, other, started + DEAD_AFTER - 2 * S) == {}
+    assert abandoned(api, other, started + DEAD_AFTER + timedelta(microseconds=1)) == {run["run_id"]: "gone"}
+    # A holder that heartbeated after the server's start and then lost its session: the grace.
+    api.execute("UPDATE pgsched.instance SET heartbeat_at = %s WHERE instance_id = %s", (started + S, holder))
+    assert abandoned(api, other, started + S + GRACE + timedelta(microseconds=1)) == {run["run_id"]: "gone"}
+
+
 def test_take_over_starts_the_next_attempt_at_the_given_time(api: Conn) -> None:
     job = add_job(api, T, allow_stale_reentry=True)
     holder = register(api, T)
