@@ -295,16 +295,25 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     assert sorted(by_version.values()) == [previous_release.RELEASE] * 3 + [pgsched.__version__] * 3
     # The other jobs too: every run closed, every one a success.
     closed = Counter(r["outcome"] for j in ticks for r in history(dsn, j))
-    assert closed.keys() <= {"success", "skipped"} and closed["success"] > 100, closed
+    assert closed.keys() <= {"success", "skipped", "missed"} and closed["success"] > 100, closed
     tick_skips = [r for j in ticks for r in history(dsn, j) if r["outcome"] == "skipped"]
     assert not unexplained_skips(dsn, tick_skips, raced_pids, (init_started, upgraded_at)), (tick_skips, raced)
+    # A plan of theirs due while init held job and job_stat (an upgrade with migrations, README
+    # "Upgrading") and the old instances paused after the race may start so late that the catch-up
+    # ('latest') records it missed: only plans due from init's start to 2 s after its commit (CI of
+    # 2026-11-29, init 1.81 s on a slow machine, all three old instances raced: one such record).
+    tick_missed = [r for j in ticks for r in history(dsn, j) if r["outcome"] == "missed"]
+    assert all(init_started - timedelta(seconds=1) <= datetime.fromisoformat(r["result"]["first"])
+               and datetime.fromisoformat(r["result"]["last"]) <= upgraded_at + timedelta(seconds=2)
+               for r in tick_missed), (tick_missed, init_started, upgraded_at)
     # No instance of either release logged an SQL error, nor any warning, but two kinds in an old
     # instance: the connection this test ended on purpose, and at most one lost race with init's
     # commit (README "Upgrading": a function 0.1.0 calls that gained an argument is a new function,
     # and the old one is dropped; a statement of 0.1.0 planned just before init committed and run
     # just after it finds the old one gone; the instance's loop goes on).
     assert all(len(lines) <= 1 for lines in raced.values()), raced
-    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line)
+    # (A plan recorded missed says so in a 'behind' warning: those records are checked above.)
+    errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line) and not BEHIND.search(line)
                       and not (s in olds and (any(f in line for f in FORCED_RECONNECT) or FORCED_PIPELINE in line
                                               or RACED_INIT.search(line)))]
               for s in [*olds, *news]}
