@@ -326,7 +326,9 @@ def test_a_job_due_again_before_its_end_is_closed_is_not_held_up(db: str, jobs: 
     j = one(jobs, "SELECT add_job('hit', '10 milliseconds')")
     t0 = time.monotonic()
     serve(db, lambda: time.monotonic() - t0 > 2.0, max_workers=2)
-    assert runs_of(jobs, j, "success") >= 20
+    # Held up, it would run once in the 60 s hold; 5 runs in 2 s says it was not (20 flaked on a
+    # loaded machine).
+    assert runs_of(jobs, j, "success") >= 5
     assert runs_of(jobs, j) == runs_of(jobs, j, "success")
 
 
