@@ -141,7 +141,7 @@ class Scheduler(Requests):
             self._start_triggers()
             self._flush()
         except psycopg.Error as e:
-            if isinstance(e, psycopg.OperationalError) and (self.store is None or self.store.lost()):
+            if self._connection_gone(e):
                 self._lost_connection(e)
                 return
             # A statement failed on a connection that is still there: a lock timeout (any role
@@ -266,6 +266,11 @@ class Scheduler(Requests):
                 raise
             self._lost_connection(e)
 
+    def _connection_gone(self, e: psycopg.Error) -> bool:
+        """Whether `e` lost the connection. psycopg raises OperationalError for a lock timeout or a
+        cancelled statement too, after which the connection is still there (Store.lost)."""
+        return isinstance(e, psycopg.OperationalError) and (self.store is None or self.store.lost())
+
     def _check_schema(self) -> None:
         """After an SQL error: raise SchemaVersionMismatch if the schema no longer serves our API."""
         if self.store is None:
@@ -347,7 +352,7 @@ class Scheduler(Requests):
                 # jobs not armed). Also for an OperationalError on a connection still there (a
                 # lock timeout: any role may lock pgsched.job), which _tick would take as one
                 # failed statement.
-                if self.store is not None and not (isinstance(e, psycopg.OperationalError) and self.store.lost()):
+                if not self._connection_gone(e):
                     self._check_schema()
                 if self.store is not None:  # (the schema's check may have found the connection lost)
                     self._lost_connection(e)

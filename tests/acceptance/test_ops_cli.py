@@ -5,12 +5,14 @@ line and a non-zero exit, with the DSN's password redacted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -35,6 +37,22 @@ def ok_json(*args: str, env: dict[str, str] | None = None) -> Any:
     r = cli(*args, "--json", env=env)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+@contextlib.contextmanager
+def watching(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`pgsched watch ARGS`, once it says it listens (no event sent after can be missed); killed at
+    the end if it still runs."""
+    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert w.stderr is not None
+        assert "watching" in w.stderr.readline()
+        yield w
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
 
 
 def execute(dsn: str, statement: str | sql.Composed, params: tuple[Any, ...] | None = None) -> None:
@@ -181,21 +199,14 @@ def test_trigger_cancel_status_instances_and_environment(dsn: str, serve: ServeF
 
 
 def test_watch_prints_failures_and_disables_as_they_happen(dsn: str, serve: ServeFactory) -> None:
-    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", dsn, "--json", "--count", "3",
-                          "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert w.stderr is not None
-        assert "watching" in w.stderr.readline()  # listening before the job exists: no event can be missed
+    # Listening before the job exists: no event can be missed.
+    with watching("--dsn", dsn, "--json", "--count", "3", "--timeout", "20") as w:
         bad = add_job(dsn, "'fail', '1 hour', retry_period => '100 ms', max_retries => 1, job_name => 'bad'")
         add_job(dsn, "'tick', '200 ms', job_name => 'good'")
         s = serve(dsn, *FAST)
         out, _ = w.communicate(timeout=20)
         s.signal(signal.SIGTERM)
         s.wait_exit(5)
-    finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
     assert w.returncode == 0
     events = [json.loads(x) for x in out.splitlines()]
     assert [(e["event"], e["job_id"], e["outcome"], e["job_name"], e["sqlstate"]) for e in events] == [
@@ -240,11 +251,8 @@ def test_a_database_without_pgsched_is_one_line(empty_db: str) -> None:
 
 
 def test_watch_reconnects_after_losing_its_connection(dsn: str, serve: ServeFactory) -> None:
-    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", dsn, "--json", "--count", "1",
-                          "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with watching("--dsn", dsn, "--json", "--count", "1", "--timeout", "30") as w:
         assert w.stderr is not None
-        assert "watching" in w.stderr.readline()
         # Its session is ended (as by a server restart or a failover): it says so and listens again.
         with psycopg.connect(dsn, autocommit=True) as c:
             ended = c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -257,10 +265,6 @@ def test_watch_reconnects_after_losing_its_connection(dsn: str, serve: ServeFact
         out, _ = w.communicate(timeout=30)
         s.signal(signal.SIGTERM)
         s.wait_exit(5)
-    finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
     assert w.returncode == 0
     [event] = [json.loads(x) for x in out.splitlines()]
     assert (event["event"], event["job_id"], event["outcome"]) == ("run_end", bad, "failure")

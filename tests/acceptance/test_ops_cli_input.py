@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.acceptance.test_ops_cli import cli, dsn, execute  # noqa: F401 (dsn: the fixture)
+from tests.acceptance.test_ops_cli import cli, dsn, execute, watching  # noqa: F401 (dsn: the fixture)
 from tests.acceptance.test_serve import add_job, stats
 
 SECRET = "my%ZZsecret"
@@ -166,11 +165,7 @@ def test_watch_believes_the_views_not_the_notification(dsn: str, roles: tuple[st
     payload's (its plan_time here)."""
     _, as_alice, alice = roles
     job = _owned_by(dsn, alice, "'tick', '1 hour', job_name => 'watched', initial_start => '2100-01-01 00:00+00'")
-    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", as_alice, "--json", "--count", "2",
-                          "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert w.stderr is not None
-        assert "watching" in w.stderr.readline()
+    with watching("--dsn", as_alice, "--json", "--count", "2", "--timeout", "20") as w:
         spoofs: list[Any] = [
             {"job_id": job}, {"event": "run_end", "job_id": job}, [1, 2], "x", 7,
             {"event": "job_disabled", "job_id": job, "plan_time": "2026-01-01"},
@@ -186,10 +181,6 @@ def test_watch_believes_the_views_not_the_notification(dsn: str, roles: tuple[st
             c.execute("SELECT pg_notify('pgsched_events', %s)",
                       (json.dumps({"event": "job_disabled", "job_id": job, "plan_time": "2026-01-01"}),))
         out, err = w.communicate(timeout=20)
-    finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
     assert w.returncode == 0, err
     events = [json.loads(x) for x in out.splitlines()]
     # The real event, then the spoof naming the (now) disabled job: shown with the views' facts,
@@ -211,20 +202,12 @@ def test_watch_shows_a_runs_end_once_and_only_while_it_is_news(dsn: str, roles: 
                                       "FROM (SELECT now() - %s::interval AS t) x RETURNING run_id",
                                       (job, f"boom {ago}", ago)).fetchone()[0]  # type: ignore[index]
                             for ago in ("10 minutes", "0 seconds"))
-    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", as_alice, "--json", "--count", "2",
-                          "--timeout", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert w.stderr is not None
-        assert "watching" in w.stderr.readline()
+    with watching("--dsn", as_alice, "--json", "--count", "2", "--timeout", "3") as w:
         with psycopg.connect(as_alice, autocommit=True) as c:
             for run in (old_run, new_run, new_run, old_run):
                 c.execute("SELECT pg_notify('pgsched_events', %s)",
                           (json.dumps({"event": "run_end", "job_id": job, "run_id": run}),))
         out, err = w.communicate(timeout=20)
-    finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
     assert w.returncode == 0, err
     assert [(e["run_id"], e["message"]) for e in map(json.loads, out.splitlines())] == [(new_run, "boom 0 seconds")]
 
@@ -234,19 +217,12 @@ def test_watch_times_out_while_only_events_it_may_not_see_arrive(dsn: str, roles
     do not bear out) used to reset it, and the watch never ended."""
     _, as_alice, _ = roles
     started = time.monotonic()
-    w = subprocess.Popen([sys.executable, "-m", "pgsched", "watch", "--dsn", as_alice, "--timeout", "2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            while w.poll() is None and time.monotonic() - started < 15:
-                c.execute("SELECT pg_notify('pgsched_events', %s)",
-                          (json.dumps({"event": "job_disabled", "job_id": 424242}),))
-                time.sleep(0.3)
+    with watching("--dsn", as_alice, "--timeout", "2") as w, psycopg.connect(dsn, autocommit=True) as c:
+        while w.poll() is None and time.monotonic() - started < 15:
+            c.execute("SELECT pg_notify('pgsched_events', %s)",
+                      (json.dumps({"event": "job_disabled", "job_id": 424242}),))
+            time.sleep(0.3)
         assert w.wait(timeout=5) == 0
-    finally:
-        if w.poll() is None:
-            w.kill()
-            w.wait()
     assert time.monotonic() - started < 12
 
 
