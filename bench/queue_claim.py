@@ -30,7 +30,7 @@ def claims(dsn: str, *, workers: int, count: int, analyze: bool) -> tuple[float,
     with psycopg.connect(dsn, autocommit=True) as conn:
         if analyze:
             conn.execute("ANALYZE pgsched.job_run_live, pgsched.job_stat, pgsched.job")
-        instance = conn.execute("SELECT instance_id FROM pgsched._register_instance('bench', 1, 'bench', %s)",
+        instance = conn.execute("SELECT instance_id FROM pgsched._register_instance_v2('bench', 1, 'bench', %s)",
                                 (workers,)).fetchone()
         assert instance is not None
         times, taken = [], 0

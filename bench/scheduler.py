@@ -330,7 +330,7 @@ def ageing(seconds: float = 30.0) -> dict[str, Any]:
 PER_RUN_SQL = """\\set j 1000 + :client_id
 SELECT pgsched._mark_start(:j, clock_timestamp(), 'schedule') AS rid \\gset
 SELECT pg_catalog.set_config('application_name', 'pgsched job', false), public.noop(:j, NULL);
-SELECT pgsched._mark_end(:rid, 'success', NULL, NULL, clock_timestamp() + interval '1 hour');
+SELECT pgsched._mark_end_v2(:rid, 'success', NULL, NULL, clock_timestamp() + interval '1 hour');
 DISCARD ALL;
 """
 

@@ -1,9 +1,9 @@
 """The version of the internal API: the contract between pgsched's SQL and its Python.
 
 The scheduler (pgsched/store.py, pgsched/pyjob.py) reaches the database only through
-internal functions (`pgsched._claim`, `pgsched._heartbeat`, ...) that `pgsched init`
+internal functions (`pgsched._claim`, `pgsched._heartbeat_v2`, ...) that `pgsched init`
 re-applies from sql/api/ on every upgrade. Their names, arguments, results and the data
-passed through them (the JSON of `_finish_runs`, `_catch_up` and `_deploy_code_jobs`, the
+passed through them (the JSON of `_finish_runs`, `_catch_up_v2` and `_deploy_code_jobs`, the
 workers' `application_name`, the `pgsched.*` session settings) are that contract; its
 version is API_VERSION here and `pgsched._api()` (sql/api/00_api.sql) in the database.
 A test (tests/integration/test_api_version.py) checks that the two agree.
@@ -16,8 +16,9 @@ release runs while the old release's instances are still working. So:
   returns (api_version, oldest_api_served, release), and a scheduler of API k works on a
   schema with oldest_api_served <= k <= api_version (the window, two APIs wide).
 * The compatibility rule, for every internal function the previous API calls: keep its
-  name; keep its arguments (a new one only trailing, with a default: the old positional
-  calls still resolve, and init drops the old overload, which would make them ambiguous);
+  name; keep its arguments exactly (one more, even trailing with a default, makes another
+  function to PostgreSQL: init would drop the old one, and an old instance's statement that
+  looked it up before init's commit fails after it, "cache lookup failed for function");
   keep its result columns exactly, a returned row type's included (names, types, order: a
   running instance's prepared `SELECT *` re-plans on the new definition, and fails with
   "cached plan must not change result type" if the shape changed, at every claim in

@@ -325,7 +325,7 @@ def _mark_end(conn: psycopg.Connection[Any], done: Done) -> bool:
     from pgsched import store
 
     row = conn.execute(
-        "SELECT pgsched._mark_end(%s, %s, %s, %s, NULL, pg_catalog.clock_timestamp(), NULL, %s, %s)",
+        "SELECT pgsched._mark_end_v2(%s, %s, %s, %s, NULL, pg_catalog.clock_timestamp(), NULL, %s, %s)",
         (done.run_id, "success" if done.ok else "failure", store._text(done.sqlstate), store._text(done.message),
          done.rows_affected, psycopg.types.json.Jsonb(store._json(done.result))),
     ).fetchone()

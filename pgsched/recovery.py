@@ -2,7 +2,7 @@
 
 Each heartbeat renews this instance's leases; a run whose lease another scheduler
 took (we were paused or cut off) is stopped without recording an end. Runs of
-others found abandoned (pgsched._abandoned_runs) are taken over when their job
+others found abandoned (pgsched._abandoned_runs_v2) are taken over when their job
 allows stale reentry and a worker is idle here, or closed as crashes (a scope run's
 crash then asks for its retry, as its own scheduler would have).
 """
@@ -21,7 +21,7 @@ from pgsched.store import Abandoned, Finish
 
 log = logging.getLogger("pgsched.scheduler")
 
-# Why a run was found abandoned, by pgsched._abandoned_runs' cause.
+# Why a run was found abandoned, by pgsched._abandoned_runs_v2' cause.
 _ABANDONED = {
     AbandonedCause.STOPPED: "{holder} stopped before the run ended",
     AbandonedCause.GONE: "{holder} lost its database session (process killed or connection lost) before the run "

@@ -63,7 +63,7 @@ _ROUTINE = {("scheduled", "starting"), ("starting", "scheduled"), (None, "starti
 
 
 class AbandonedCause(StrEnum):
-    """Why pgsched._abandoned_runs found a run nobody will finish (its `cause` column, exactly these values)."""
+    """Why pgsched._abandoned_runs_v2 found a run nobody will finish (its `cause` column, exactly these values)."""
 
     STOPPED = "stopped"  # its scheduler stopped (or its instance row is gone)
     GONE = "gone"  # its scheduler's session ended and it stopped heartbeating (kill -9, lost connection)

@@ -113,7 +113,7 @@ class Closed:
 
 @dataclass(frozen=True)
 class Finish:
-    """How to close one run (arguments of pgsched._mark_end)."""
+    """How to close one run (arguments of pgsched._mark_end_v2)."""
 
     run_id: int
     outcome: str
@@ -145,7 +145,7 @@ class Finish:
 
 @dataclass(frozen=True)
 class Abandoned:
-    """A run found by pgsched._abandoned_runs: its holder is gone, stopped or stale."""
+    """A run found by pgsched._abandoned_runs_v2: its holder is gone, stopped or stale."""
 
     run_id: int
     job_id: int
@@ -177,7 +177,7 @@ class Heartbeat:
 
     lost: list[int]  # runs held here whose lease another scheduler took
     abandoned: list[Abandoned]  # others' runs nobody will finish
-    next_due: datetime | None  # the earliest next start of a claimable job (pgsched._next_due)
+    next_due: datetime | None  # the earliest next start of a claimable job (pgsched._next_due_v2)
     unplanned: bool  # some scheduled job has no next start yet
 
 
@@ -296,7 +296,7 @@ class Store:
 
     def register_instance(self, host: str, pid: int, version: str, max_workers: int) -> int:
         row = self._execute(
-            "SELECT * FROM pgsched._register_instance(%s, %s, %s, %s)", (host, pid, version, max_workers)
+            "SELECT * FROM pgsched._register_instance_v2(%s, %s, %s, %s)", (host, pid, version, max_workers)
         ).fetchone()
         assert row is not None
         self._anchor(row["db_now"])
@@ -308,20 +308,20 @@ class Store:
 
     def heartbeat(self, instance_id: int, max_workers: int, dead_after: timedelta, grace: timedelta,
                   held: Sequence[tuple[int, int]]) -> Heartbeat:
-        """Renew this instance's heartbeat and its runs' leases; one statement (pgsched._heartbeat).
+        """Renew this instance's heartbeat and its runs' leases; one statement (pgsched._heartbeat_v2).
 
         `held` are (run_id, lease_token) of the runs this process has in hand (running, or
         ended but not yet written). Returns the held runs whose lease is lost, the abandoned
-        runs of others, and when the next job is due (pgsched._next_due): a peer's claims and
+        runs of others, and when the next job is due (pgsched._next_due_v2): a peer's claims and
         closes move next starts without a NOTIFY, so this is how an instance learns, within one
         heartbeat, that work a dead or saturated peer would have done is due.
         """
         rows = self._execute(
             """SELECT h.lost, h.db_now, n.next_due AS next_job_due, n.unplanned, a.*,
                       x.attempt, x.max_retries, x.exclude
-                 FROM pgsched._heartbeat(%s, %s, %s, %s) AS h
-                 CROSS JOIN pgsched._next_due(%s) AS n
-                 LEFT JOIN LATERAL pgsched._abandoned_runs(%s, %s, %s, %s) AS a ON true
+                 FROM pgsched._heartbeat_v2(%s, %s, %s, %s) AS h
+                 CROSS JOIN pgsched._next_due_v2(%s) AS n
+                 LEFT JOIN LATERAL pgsched._abandoned_runs_v2(%s, %s, %s, %s) AS a ON true
                  LEFT JOIN LATERAL pgsched._abandoned_scope_run(a.run_id) AS x ON a.scope <> ''""",
             (instance_id, max_workers, [r for r, _ in held], [t for _, t in held], self.code_modules,
              instance_id, dead_after, grace, [r for r, _ in held]),
@@ -337,7 +337,7 @@ class Store:
         return [(r["job_id"], r["job_name"], r["action"]) for r in rows]
 
     def stop_instance(self, instance_id: int) -> None:
-        self._execute("SELECT pgsched._instance_stop(%s)", (instance_id,))
+        self._execute("SELECT pgsched._instance_stop_v2(%s)", (instance_id,))
 
     def wake_peers(self) -> None:
         """Wake every scheduler on this database to re-read the catalog (this one is stopping)."""
@@ -391,7 +391,7 @@ class Store:
 
     # -- planning -------------------------------------------------------------
     def next_due(self) -> tuple[datetime | None, bool]:
-        row = self._execute("SELECT * FROM pgsched._next_due(%s)", (self.code_modules,)).fetchone()
+        row = self._execute("SELECT * FROM pgsched._next_due_v2(%s)", (self.code_modules,)).fetchone()
         assert row is not None
         self._anchor(row["db_now"])
         return row["next_due"], bool(row["unplanned"])
@@ -506,7 +506,7 @@ class Store:
         return out
 
     def catch_up(self, changes: Sequence[tuple[Behind, Decision]]) -> int:
-        """Write catch-up decisions (pgsched._catch_up); how many jobs changed."""
+        """Write catch-up decisions (pgsched._catch_up_v2); how many jobs changed."""
         if not changes:
             return 0
         payload = [{
@@ -515,7 +515,7 @@ class Store:
             "missed": d.missed, "first": _iso(d.first_missed), "last": _iso(d.last_missed),
             "policy": f"catch_up = {b.policy.mode}",
         } for b, d in changes]
-        row = self._execute("SELECT pgsched._catch_up(%s) AS n", (Jsonb(payload),)).fetchone()
+        row = self._execute("SELECT pgsched._catch_up_v2(%s) AS n", (Jsonb(payload),)).fetchone()
         return int(row["n"]) if row else 0
 
     def close_runs(self, finishes: Sequence[Finish]) -> list[Closed | None]:

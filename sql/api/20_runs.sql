@@ -15,6 +15,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_end_runs',
     '_event',
     '_mark_end',
+    '_mark_end_v2',
     '_mark_start',
     '_run_job_end',
     '_run_job_start',
@@ -377,8 +378,9 @@ BEGIN
 END
 $$;
 
--- One run's close (_end_runs) as run_job and release 0.1.0's callers read it: whether it closed.
-CREATE OR REPLACE FUNCTION pgsched._mark_end(run_id bigint, outcome text, sqlstate text, message text,
+-- One run's close (_end_runs) as run_job and pgsched run read it: whether it closed (API 1's
+-- _mark_end, 41_api1.sql, is this without counters).
+CREATE OR REPLACE FUNCTION pgsched._mark_end_v2(run_id bigint, outcome text, sqlstate text, message text,
                                              next_start timestamptz,
                                              finished_at timestamptz DEFAULT clock_timestamp(),
                                              disable_reason text DEFAULT NULL,
@@ -391,10 +393,10 @@ SET search_path = pg_catalog, pg_temp AS $$
 -- PL/pgSQL rather than SQL: it keeps its statement's plan for the session.
 BEGIN
     RETURN EXISTS (SELECT 1 FROM pgsched._end_runs(pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
-        'run_id', _mark_end.run_id, 'outcome', _mark_end.outcome, 'sqlstate', _mark_end.sqlstate,
-        'message', _mark_end.message, 'next_start', _mark_end.next_start, 'finished_at', _mark_end.finished_at,
-        'disable_reason', _mark_end.disable_reason, 'rows_affected', _mark_end.rows_affected,
-        'result', _mark_end.result, 'lease_token', _mark_end.lease_token)), _mark_end.counters));
+        'run_id', _mark_end_v2.run_id, 'outcome', _mark_end_v2.outcome, 'sqlstate', _mark_end_v2.sqlstate,
+        'message', _mark_end_v2.message, 'next_start', _mark_end_v2.next_start, 'finished_at', _mark_end_v2.finished_at,
+        'disable_reason', _mark_end_v2.disable_reason, 'rows_affected', _mark_end_v2.rows_affected,
+        'result', _mark_end_v2.result, 'lease_token', _mark_end_v2.lease_token)), _mark_end_v2.counters));
 END
 $$;
 
@@ -450,7 +452,7 @@ BEGIN
                       AND r.backend_pid = pg_catalog.pg_backend_pid() AND r.outcome = 'running') THEN
         RETURN false;
     END IF;
-    RETURN pgsched._mark_end(_run_job_end.run_id, CASE WHEN _run_job_end.sqlstate IS NULL THEN 'success'
+    RETURN pgsched._mark_end_v2(_run_job_end.run_id, CASE WHEN _run_job_end.sqlstate IS NULL THEN 'success'
                                                        ELSE 'failure' END,
                              _run_job_end.sqlstate, _run_job_end.message, NULL);
 END

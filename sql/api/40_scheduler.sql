@@ -19,11 +19,13 @@
 -- All of this file's functions are internal: replaced whole on every upgrade.
 SELECT pgsched._drop_functions(ARRAY[
     '_abandoned_runs',
+    '_abandoned_runs_v2',
     '_abandoned_scope_run',
     '_arm_restart_jobs',
     '_behind',
     '_behind_v2',
     '_catch_up',
+    '_catch_up_v2',
     '_claim_v2',
     '_close_batch',
     '_close_runs',
@@ -31,13 +33,17 @@ SELECT pgsched._drop_functions(ARRAY[
     '_finish_run',
     '_finish_runs',
     '_heartbeat',
+    '_heartbeat_v2',
     '_instance_heartbeat',
     '_instance_stop',
+    '_instance_stop_v2',
     '_missing_runs',
     '_next_due',
+    '_next_due_v2',
     '_plan',
     '_record_skipped',
     '_register_instance',
+    '_register_instance_v2',
     '_run_app_name',
     '_set_terminating',
     '_take_over_v2',
@@ -421,7 +427,7 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM u
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._next_due(code_modules text[] DEFAULT '{}', now timestamptz DEFAULT now())
+CREATE OR REPLACE FUNCTION pgsched._next_due_v2(code_modules text[] DEFAULT '{}', now timestamptz DEFAULT now())
 RETURNS TABLE (next_due timestamptz, unplanned boolean, db_now timestamptz)
 LANGUAGE plpgsql STABLE ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
@@ -439,22 +445,22 @@ BEGIN
                    WHERE s.state = 'scheduled' AND pg_catalog.isfinite(s.next_start)
                      AND (j.kind <> 'python' OR j.code_module = ANY (code_modules))
                      AND (s.concurrency_key IS NULL
-                          OR pgsched._due_at(s.job_id, s.next_start, s.jitter_us) > pg_catalog.timezone('UTC', _next_due.now)
+                          OR pgsched._due_at(s.job_id, s.next_start, s.jitter_us) > pg_catalog.timezone('UTC', _next_due_v2.now)
                           OR s.concurrency_key NOT IN (SELECT k.concurrency_key FROM pgsched._key_room k
                                                         WHERE k.free <= 0))
                    ORDER BY pgsched._due_at(s.job_id, s.next_start, s.jitter_us) LIMIT 1),
                  -- Claimable queued scope runs are due now.
-                 (SELECT _next_due.now FROM pgsched._claimable_scope_runs c
+                 (SELECT _next_due_v2.now FROM pgsched._claimable_scope_runs c
                     JOIN pgsched.job_stat s ON s.job_id = c.job_id
                    WHERE (c.kind <> 'python' OR c.code_module = ANY (code_modules))
-                     AND c.plan_time <= _next_due.now
+                     AND c.plan_time <= _next_due_v2.now
                      AND (s.concurrency_key IS NULL
                           OR s.concurrency_key NOT IN (SELECT k.concurrency_key FROM pgsched._key_room k
                                                         WHERE k.free <= 0))
                    LIMIT 1),
                  -- Scope retries queued for later are due at their time.
                  (SELECT w.plan_time FROM pgsched._scope_retries w
-                   WHERE w.plan_time > _next_due.now AND (w.kind <> 'python' OR w.code_module = ANY (code_modules))
+                   WHERE w.plan_time > _next_due_v2.now AND (w.kind <> 'python' OR w.code_module = ANY (code_modules))
                    ORDER BY w.plan_time LIMIT 1)),
            EXISTS (SELECT 1 FROM pgsched.job_stat s JOIN pgsched.job j ON j.job_id = s.job_id
                     WHERE s.state = 'scheduled' AND (s.next_start IS NULL OR NOT pg_catalog.isfinite(s.next_start))
@@ -496,15 +502,15 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT EXISTS (SELECT 1 FROM u)
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._register_instance(host text, pid integer, version text, max_workers integer,
+CREATE OR REPLACE FUNCTION pgsched._register_instance_v2(host text, pid integer, version text, max_workers integer,
                                                       now timestamptz DEFAULT now())
 RETURNS TABLE (instance_id bigint, db_now timestamptz)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     INSERT INTO pgsched.instance (host, pid, version, backend_pid, max_workers, started_at, heartbeat_at)
-    VALUES (host, pid, version, pg_catalog.pg_backend_pid(), max_workers, _register_instance.now,
-            _register_instance.now)
-    RETURNING instance_id, _register_instance.now
+    VALUES (host, pid, version, pg_catalog.pg_backend_pid(), max_workers, _register_instance_v2.now,
+            _register_instance_v2.now)
+    RETURNING instance_id, _register_instance_v2.now
 $$;
 
 CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat(instance_id bigint, max_workers integer,
@@ -527,10 +533,10 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- The peers are woken: the stopping instance's last closes moved next starts without a NOTIFY.
-CREATE OR REPLACE FUNCTION pgsched._instance_stop(instance_id bigint, now timestamptz DEFAULT now())
+CREATE OR REPLACE FUNCTION pgsched._instance_stop_v2(instance_id bigint, now timestamptz DEFAULT now())
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
-    UPDATE pgsched.instance i SET stopped_at = _instance_stop.now WHERE i.instance_id = _instance_stop.instance_id;
+    UPDATE pgsched.instance i SET stopped_at = _instance_stop_v2.now WHERE i.instance_id = _instance_stop_v2.instance_id;
     SELECT pg_catalog.pg_notify('pgsched_catalog', 'instance:stop');
 $$;
 
@@ -562,7 +568,7 @@ $$;
 -- orphan_pid is a backend still running the run, found by the application_name its
 -- worker set (it names the job, the run and the lease): the caller terminates it
 -- before closing the run as a crash or taking it over (allow_stale_reentry).
-CREATE OR REPLACE FUNCTION pgsched._abandoned_runs(self_id bigint, dead_after interval, grace interval,
+CREATE OR REPLACE FUNCTION pgsched._abandoned_runs_v2(self_id bigint, dead_after interval, grace interval,
                                                    held bigint[], now timestamptz DEFAULT now())
 RETURNS TABLE (run_id bigint, job_id integer, plan_time timestamptz, lease_token bigint, cause text,
                holder text, orphan_app text, orphan_pid integer, allow_stale_reentry boolean,
@@ -583,7 +589,7 @@ SET search_path = pg_catalog, pg_temp AS $$
                     true)
            AND NOT EXISTS (SELECT 1 FROM pgsched.instance o
                             WHERE o.instance_id <> self_id AND o.instance_id IS DISTINCT FROM a.instance_id
-                              AND o.stopped_at IS NULL AND o.heartbeat_at >= _abandoned_runs.now - dead_after
+                              AND o.stopped_at IS NULL AND o.heartbeat_at >= _abandoned_runs_v2.now - dead_after
                               AND EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = o.backend_pid)),
            a.scope, CASE WHEN v.kind = 'python' THEN v.code_module END
       FROM (SELECT r.*, i.heartbeat_at AS holder_beat,
@@ -595,13 +601,13 @@ SET search_path = pg_catalog, pg_temp AS $$
                                                 WHERE sa.pid = r.backend_pid) THEN 'session' END
                      WHEN r.instance_id = self_id THEN CASE WHEN r.run_id <> ALL (held) THEN 'lost' END
                      WHEN i.instance_id IS NULL OR i.stopped_at IS NOT NULL THEN 'stopped'
-                     WHEN i.heartbeat_at < _abandoned_runs.now - grace
+                     WHEN i.heartbeat_at < _abandoned_runs_v2.now - grace
                           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity sa WHERE sa.pid = i.backend_pid)
                           AND NOT (pg_catalog.pg_postmaster_start_time() > i.heartbeat_at
-                                   AND pg_catalog.pg_postmaster_start_time() >= _abandoned_runs.now - dead_after
-                                   AND pg_catalog.pg_postmaster_start_time() <= _abandoned_runs.now)
+                                   AND pg_catalog.pg_postmaster_start_time() >= _abandoned_runs_v2.now - dead_after
+                                   AND pg_catalog.pg_postmaster_start_time() <= _abandoned_runs_v2.now)
                          THEN 'gone'
-                     WHEN coalesce(r.heartbeat_at, r.started_at) < _abandoned_runs.now - dead_after THEN 'stale'
+                     WHEN coalesce(r.heartbeat_at, r.started_at) < _abandoned_runs_v2.now - dead_after THEN 'stale'
                    END AS cause
               FROM pgsched.job_run_live r
               LEFT JOIN pgsched.instance i ON i.instance_id = r.instance_id
@@ -629,17 +635,17 @@ $$;
 -- (run_id, lease_token pairs); returns the held runs whose lease is no longer ours
 -- (closed, or taken over by another scheduler that found it stale) and the database
 -- time. The scheduler asks _abandoned_runs in the same statement (pgsched/store.py).
-CREATE OR REPLACE FUNCTION pgsched._heartbeat(instance_id bigint, max_workers integer, held bigint[],
+CREATE OR REPLACE FUNCTION pgsched._heartbeat_v2(instance_id bigint, max_workers integer, held bigint[],
                                               tokens bigint[], now timestamptz DEFAULT now())
 RETURNS TABLE (lost bigint[], db_now timestamptz)
 LANGUAGE plpgsql ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    beat timestamptz := pgsched._instance_heartbeat(_heartbeat.instance_id, _heartbeat.max_workers, _heartbeat.now);
+    beat timestamptz := pgsched._instance_heartbeat(_heartbeat_v2.instance_id, _heartbeat_v2.max_workers, _heartbeat_v2.now);
 BEGIN
     -- A row locked by someone's open transaction (a DELETE of the job, say) is skipped, not
     -- waited for: the loop must not freeze on it, and it is renewed at the next heartbeat.
-    UPDATE pgsched.job_run_live r SET heartbeat_at = _heartbeat.now
+    UPDATE pgsched.job_run_live r SET heartbeat_at = _heartbeat_v2.now
      WHERE r.run_id IN (SELECT l.run_id FROM pgsched.job_run_live l
                           JOIN unnest(held, tokens) AS h(run_id, token) ON h.run_id = l.run_id
                          WHERE l.lease_token = h.token AND l.outcome = 'running'
@@ -730,7 +736,7 @@ $$;
 -- Write catch-up decisions: per job, move next_start (only if nobody changed or
 -- claimed it meanwhile) and record the plans passed over: total_missed, and one
 -- 'missed' history row with the range. Returns how many jobs were changed.
-CREATE OR REPLACE FUNCTION pgsched._catch_up(decisions jsonb, now timestamptz DEFAULT clock_timestamp())
+CREATE OR REPLACE FUNCTION pgsched._catch_up_v2(decisions jsonb, now timestamptz DEFAULT clock_timestamp())
 RETURNS integer LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH d AS (
@@ -749,7 +755,7 @@ SET search_path = pg_catalog, pg_temp AS $$
         INSERT INTO pgsched.job_run_live (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT u.job_id, u.first_missed, 'catch_up', 'missed',
                format('%s plan(s) from %s to %s missed (%s)', u.missed, u.first_missed, u.last_missed, u.policy),
-               _catch_up.now,
+               _catch_up_v2.now,
                jsonb_build_object('first', u.first_missed, 'last', u.last_missed, 'count', u.missed)
           FROM u JOIN pgsched.job j ON j.job_id = u.job_id
          WHERE u.missed > 0 AND pgsched._kept(j.history, 'missed')

@@ -58,9 +58,16 @@ FORCED_RECONNECT = ("lost the database connection: consuming input failed: serve
 # The same ended connection, seen by psycopg when it drops 0.1.0's pipeline (its pipelined claim)
 # that was open at that moment: a warning of psycopg's own, as often as not.
 FORCED_PIPELINE = "WARNING psycopg: error ignored terminating <psycopg.Pipeline [BAD]"
-# What a statement of 0.1.0 that waited on init's locks finds after init committed: a function it
-# called dropped (one that gained an argument), or job_run become the partitioned table, whose
-# parent has no job_run_plan_key (migration 0015; the key is job_run_live's).
+# An init that applies migrations holds job and job_stat until its commit (README "Upgrading"): a
+# statement of 0.1.0 that waited longer than its 1 s lock_timeout is cancelled, and 0.1.0 takes
+# that for a lost connection and reconnects (CI of 2026-11-29, init 1.8 s). Allowed only when init
+# took that long.
+LOCK_WAIT = "lost the database connection: canceling statement due to lock timeout"
+# What a statement of 0.1.0 that waited on init's locks finds after init committed: job_run become
+# the partitioned table, whose parent has no job_run_plan_key (migration 0015; the key is
+# job_run_live's), or, inside the body of one of its functions as it began, a function that body
+# called replaced by another. (The functions 0.1.0 calls itself keep their oids through init:
+# tests/integration/test_api_compat.py.)
 RACED_INIT = re.compile(r"database error in the scheduler loop \(continuing\): (cache lookup failed for function"
                         r"|constraint \"job_run_plan_key\" for table \"job_run\" does not exist)")
 BEHIND = re.compile(r" WARNING pgsched\.scheduler: job \d+ is behind \(catch_up = latest\): \d+ plan\(s\) ")
@@ -135,7 +142,7 @@ def test_a_reconnecting_instance_checks_the_api_again(db: str, serve: ServeFacto
 
 
 def test_a_reconnect_that_meets_an_sql_error_tries_again(db: str, serve: ServeFactory) -> None:
-    """A schema in the middle of a change (here: _heartbeat missing while the API still serves
+    """A schema in the middle of a change (here: _heartbeat_v2 missing while the API still serves
     this instance) fails a reconnect's statements: the instance tries again later, it does not
     end (with the runs it holds) over it."""
     s = serve(db)
@@ -143,13 +150,13 @@ def test_a_reconnect_that_meets_an_sql_error_tries_again(db: str, serve: ServeFa
     # process, as it should, and the rename below once came before the start's first heartbeat
     # (CI, PostgreSQL 18, a loaded host: 0.27 s after the instance was registered).
     s.wait_log("ready:", 30)
-    heartbeat = query(db, "SELECT 'pgsched._heartbeat'::regproc::regprocedure::text AS f")[0]["f"]
+    heartbeat = query(db, "SELECT 'pgsched._heartbeat_v2'::regproc::regprocedure::text AS f")[0]["f"]
     execute(db, f"ALTER FUNCTION {heartbeat} RENAME TO _heartbeat_away")
     backend = query(db, "SELECT backend_pid FROM pgsched.instance WHERE instance_id = %s",
                     (s.instance_id,))[0]["backend_pid"]
     query(db, "SELECT pg_terminate_backend(%s)", (backend,))
-    s.wait_log("function pgsched._heartbeat(", 10)
-    execute(db, f"ALTER FUNCTION {heartbeat.replace('_heartbeat', '_heartbeat_away', 1)} RENAME TO _heartbeat")
+    s.wait_log("function pgsched._heartbeat_v2(", 10)
+    execute(db, f"ALTER FUNCTION {heartbeat.replace('_heartbeat_v2', '_heartbeat_away', 1)} RENAME TO _heartbeat_v2")
     s.wait_log("reconnected to the database", 15)
     assert s.proc.poll() is None and "Traceback" not in s.log()
 
@@ -240,14 +247,22 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     # 0.1.0's instances check the schema on every reconnect: make them reconnect to the new one.
     # At a moment no run is in progress: a run whose instance has no session is abandoned, and
     # an instance that reconnects first records it as a crash (the failover rule, not the upgrade).
-    ended = 0
-    deadline = time.monotonic() + 10
-    while not ended and time.monotonic() < deadline:
-        ended = query(dsn, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
-                           "WHERE application_name = 'pgsched scheduler' AND NOT EXISTS "
-                           "(SELECT 1 FROM pgsched.job_run_live WHERE outcome = 'running')")[0]["n"]
+    # An instance whose statement waited on init's locks past its lock_timeout has reconnected
+    # already, or is between two attempts (no session to end): so end the sessions older than
+    # init's commit, as often as it takes, until each instance has one newer.
+    sessions: dict[str, Any] = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        query(dsn, "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                   "WHERE application_name = 'pgsched scheduler' AND backend_start <= %s AND NOT EXISTS "
+                   "(SELECT 1 FROM pgsched.job_run_live WHERE outcome = 'running')", (upgraded_at,))
+        sessions = query(dsn, "SELECT count(*) FILTER (WHERE backend_start > %s) AS new, "
+                              "count(*) FILTER (WHERE backend_start <= %s) AS old FROM pg_stat_activity "
+                              "WHERE application_name = 'pgsched scheduler'", (upgraded_at, upgraded_at))[0]
+        if sessions == {"new": len(olds), "old": 0}:
+            break
         time.sleep(0.01)
-    assert ended == len(olds)
+    assert sessions == {"new": len(olds), "old": 0}
     time.sleep(4)  # three instances of 0.1.0 on the new schema
     for s in olds:
         assert s.proc.poll() is None, s.log()[-3000:]
@@ -315,7 +330,8 @@ def test_rolling_upgrade_from_release_0_1_0(empty_db: str, serve: ServeFactory) 
     # (A plan recorded missed says so in a 'behind' warning: those records are checked above.)
     errors = {s.pid: [line for line in s.log_lines() if NOT_QUIET.search(line) and not BEHIND.search(line)
                       and not (s in olds and (any(f in line for f in FORCED_RECONNECT) or FORCED_PIPELINE in line
-                                              or RACED_INIT.search(line)))]
+                                              or RACED_INIT.search(line)
+                                              or (init_seconds > 1.0 and LOCK_WAIT in line)))]
               for s in [*olds, *news]}
     assert not any(errors.values()), errors
 

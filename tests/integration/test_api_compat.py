@@ -117,3 +117,24 @@ def test_migrations_after_release_0_1_0_leave_its_instances_working(
     assert previous_release.check_version(empty_db) == ""  # 0.1.0's own check, from its own code
     assert migrate.check_version(old_schema) == later.version
     assert migrate.init(old_schema).applied == []  # recorded: not applied twice
+
+
+def test_the_previous_releases_functions_keep_their_identity(old_schema: Conn) -> None:
+    """Each function the previous release calls is the same function (its oid) after `init`.
+
+    A statement of an old instance that looked a function up and then waited on init's locks
+    fails at init's commit if that function was dropped ("cache lookup failed for function N"):
+    in 0.1.0's reconnect path (its heartbeat) that error is not caught and the instance exits
+    (the CI of 2026-11-29: two of three old instances, init taking 1.8 s). So a function API 1
+    calls is replaced in place, never dropped for one with more arguments."""
+    calls = called_by_previous_release()
+    old = {r["oid"]: r["sig"] for r in rows(
+        old_schema, "SELECT p.oid::int8 AS oid, p.oid::regprocedure::text AS sig FROM pg_proc p "
+                    "WHERE p.pronamespace = 'pgsched'::regnamespace AND p.proname = ANY (%s)", (sorted(calls),))}
+    assert len(old) >= len(calls)
+    migrate.init(old_schema)
+    now = {r["oid"]: r["sig"] for r in rows(
+        old_schema, "SELECT p.oid::int8 AS oid, p.oid::regprocedure::text AS sig FROM pg_proc p "
+                    "WHERE p.oid = ANY (%s::oid[])", (list(old),))}
+    changed = sorted(sig for oid, sig in old.items() if now.get(oid) != sig)
+    assert not changed, "\n".join(changed)

@@ -127,7 +127,7 @@ def test_init_that_narrows_the_window_refuses_while_an_instance_it_leaves_behind
     to install under a live 0.1.0 instance, naming it, and changes nothing; instances of served or
     unknown (newer) releases and an instance whose connection is gone do not stop it."""
     def register(c: Conn, release: str) -> int:
-        return int(scalar(c, "SELECT instance_id FROM pgsched._register_instance('h1', 4242, %s, 8)", (release,)))
+        return int(scalar(c, "SELECT instance_id FROM pgsched._register_instance_v2('h1', 4242, %s, 8)", (release,)))
 
     with psycopg.connect(db, autocommit=True) as old, psycopg.connect(db, autocommit=True) as others:
         old_id = register(old, "0.1.0")

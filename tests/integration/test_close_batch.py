@@ -72,7 +72,7 @@ def run_row(api: Conn, job: int) -> dict[str, Any]:
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_a_batch_writes_what_the_same_closes_write_one_at_a_time(api: Conn, batch_first: bool) -> None:
     pairs = [add_pair(api) for _ in CASES]
-    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 16, now => %s)",
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 16, now => %s)",
                     (T,)))
     claimed = {int(r["job_id"]): r for r in rows(
         api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)",
@@ -108,7 +108,7 @@ def test_a_batch_writes_what_the_same_closes_write_one_at_a_time(api: Conn, batc
 
 def test_a_bad_outcome_in_a_batch_is_refused_naming_it_and_nothing_is_written(api: Conn) -> None:
     a, _ = add_pair(api)
-    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4, now => %s)", (T,)))
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 4, now => %s)", (T,)))
     [run] = rows(api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)", (me, [100], [0], T))
     before = rows(api, "SELECT * FROM pgsched.job_run ORDER BY run_id"), stat(api, a)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"^invalid outcome: 'exploded'") as e:
@@ -126,7 +126,7 @@ def test_the_close_records_the_worker_and_backend_that_really_ran_the_run(api: C
     api.execute("SELECT * FROM pgsched.purge_history(now => %s)", (T,))  # the partitions
     a, b = add_pair(api)
     c, d = add_pair(api)
-    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4, now => %s)", (T,)))
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 4, now => %s)", (T,)))
     claimed = {int(r["job_id"]): r for r in rows(
         api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)",
         (me, [100, 101, 102, 103], [200, 201, 202, 203], T))}
@@ -161,7 +161,7 @@ def test_a_close_that_meets_a_passing_conflict_fails_whole_and_disables_nothing(
     restart under three instances left a job disabled). Here a trigger raises the error on the
     close's update of the run, and not on the fallback's (whose message names the problem)."""
     job, _ = add_pair(api)
-    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 16, now => %s)",
+    me = int(scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 16, now => %s)",
                     (T,)))
     [run] = [r for r in rows(api, "SELECT * FROM pgsched._claim_v2(%s, %s, %s, '0', '{}', now => %s)",
                              (me, [100, 101], [0, 0], T)) if int(r["job_id"]) == job]

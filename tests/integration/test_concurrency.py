@@ -21,7 +21,7 @@ from tests.integration.test_scheduler import serve
 
 def end(api: Conn, run_id: int, at: datetime) -> None:
     """The run succeeded at `at`; its job's next plan is an hour later."""
-    assert scalar(api, "SELECT pgsched._mark_end(%s, 'success', NULL, NULL, %s, finished_at => %s)",
+    assert scalar(api, "SELECT pgsched._mark_end_v2(%s, 'success', NULL, NULL, %s, finished_at => %s)",
                   (run_id, at + timedelta(hours=1), at)) is True
 
 
@@ -77,15 +77,15 @@ def test_the_scheduler_sleeps_past_jobs_waiting_for_their_key(api: Conn) -> None
     [run] = claim(api, me, T)
     assert run["job_id"] == a
     # b is due but waits: the next due instant is the later job's, not b's (no busy loop)
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + S,)) == T + 60 * S
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T + S,)) == T + 60 * S
     # a job of the full key that is not due yet is a wake-up like any other: when it comes due the
     # key may be free again, and nobody would say so (the end of a run notifies only for waiters)
     soon = add_job(api, T + 30 * S, concurrency_key="k")
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + S,)) == T + 30 * S
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 31 * S,)) == T + 60 * S
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T + S,)) == T + 30 * S
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T + 31 * S,)) == T + 60 * S
     api.execute("DELETE FROM pgsched.job WHERE job_id = %s", (soon,))
     end(api, run["run_id"], T + 2 * S)
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 2 * S,)) == T
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T + 2 * S,)) == T
     assert [r["job_id"] for r in claim(api, me, T + 2 * S, workers=4)] == [b]
     assert later not in [a, b]
 

@@ -31,7 +31,8 @@ def add_job(api: Conn, next_start: datetime, **settings: Any) -> int:
 
 
 def register(api: Conn, at: datetime) -> int:
-    return int(scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4, now => %s)", (at,)))
+    return int(scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 4, now => %s)",
+                      (at,)))
 
 
 def claim(api: Conn, instance: int, at: datetime, workers: int = 1,
@@ -41,7 +42,7 @@ def claim(api: Conn, instance: int, at: datetime, workers: int = 1,
 
 
 def abandoned(api: Conn, instance: int, at: datetime, held: list[int] | None = None) -> dict[int, str]:
-    found = rows(api, "SELECT run_id, cause FROM pgsched._abandoned_runs(%s, %s, %s, %s, now => %s)",
+    found = rows(api, "SELECT run_id, cause FROM pgsched._abandoned_runs_v2(%s, %s, %s, %s, now => %s)",
                  (instance, DEAD_AFTER, GRACE, held or [], at))
     return {int(r["run_id"]): str(r["cause"]) for r in found}
 
@@ -78,7 +79,7 @@ def test_schedule_delay_is_subtracted_from_next_start_for_the_plan_time(api: Con
 
 def test_next_due_and_behind_read_the_given_time(api: Conn) -> None:
     job = add_job(api, T)
-    assert one(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T - S,))["next_due"] == T
+    assert one(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T - S,))["next_due"] == T
     late = timedelta(seconds=1)
     assert rows(api, "SELECT job_id FROM pgsched._behind_v2(%s, 10, now => %s)", (late, T + late)) == []
     assert rows(api, "SELECT job_id FROM pgsched._behind_v2(%s, 10, now => %s)",
@@ -89,13 +90,13 @@ def test_heartbeat_renews_held_leases_at_the_given_time_and_reports_lost_ones(ap
     add_job(api, T)
     me = register(api, T)
     [run] = claim(api, me, T)
-    beat = one(api, "SELECT * FROM pgsched._heartbeat(%s, 4, %s, %s, now => %s)",
+    beat = one(api, "SELECT * FROM pgsched._heartbeat_v2(%s, 4, %s, %s, now => %s)",
                (me, [run["run_id"]], [run["lease_token"]], T + 2 * S))
     assert beat["lost"] == []
     assert scalar(api, "SELECT heartbeat_at FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],)) == T + 2 * S
     assert scalar(api, "SELECT heartbeat_at FROM pgsched.instance WHERE instance_id = %s", (me,)) == T + 2 * S
     # A token that is not the run's (another instance took it over) is a lost lease: not renewed.
-    beat = one(api, "SELECT * FROM pgsched._heartbeat(%s, 4, %s, %s, now => %s)",
+    beat = one(api, "SELECT * FROM pgsched._heartbeat_v2(%s, 4, %s, %s, now => %s)",
                (me, [run["run_id"]], [run["lease_token"] + 1000], T + 4 * S))
     assert beat["lost"] == [run["run_id"]]
     assert scalar(api, "SELECT heartbeat_at FROM pgsched.job_run WHERE run_id = %s", (run["run_id"],)) == T + 2 * S
@@ -110,7 +111,7 @@ def test_a_lease_is_stale_exactly_after_dead_after(api: Conn) -> None:
     assert abandoned(api, other, T + DEAD_AFTER) == {}
     assert abandoned(api, other, T + DEAD_AFTER + timedelta(microseconds=1)) == {run["run_id"]: "stale"}
     # A renewal at T + 5 s moves the instant.
-    api.execute("SELECT * FROM pgsched._heartbeat(%s, 4, %s, %s, now => %s)",
+    api.execute("SELECT * FROM pgsched._heartbeat_v2(%s, 4, %s, %s, now => %s)",
                 (holder, [run["run_id"]], [run["lease_token"]], T + 5 * S))
     assert abandoned(api, other, T + 5 * S + DEAD_AFTER) == {}
     assert abandoned(api, other, T + 6 * S + DEAD_AFTER) == {run["run_id"]: "stale"}
@@ -124,7 +125,7 @@ def test_a_stopped_holder_and_a_lost_own_run_are_found_at_once(api: Conn) -> Non
     # The holder's own run, not in what it holds (a claim whose reply was lost): 'lost'.
     assert abandoned(api, holder, T + S, held=[]) == {run["run_id"]: "lost"}
     assert abandoned(api, holder, T + S, held=[run["run_id"]]) == {}
-    api.execute("SELECT pgsched._instance_stop(%s, now => %s)", (holder, T + S))
+    api.execute("SELECT pgsched._instance_stop_v2(%s, now => %s)", (holder, T + S))
     assert scalar(api, "SELECT stopped_at FROM pgsched.instance WHERE instance_id = %s", (holder,)) == T + S
     assert abandoned(api, other, T + S) == {run["run_id"]: "stopped"}
 
@@ -193,7 +194,7 @@ def test_catch_up_records_missed_plans_at_the_given_time(api: Conn) -> None:
     job = add_job(api, T)
     decision = {"job_id": job, "old_next": T.isoformat(), "new_next": (T + 10 * S).isoformat(), "missed": 3,
                 "first": T.isoformat(), "last": (T + 2 * S).isoformat(), "policy": "latest"}
-    assert scalar(api, "SELECT pgsched._catch_up(%s, now => %s)", (json.dumps([decision]), T + 11 * S)) == 1
+    assert scalar(api, "SELECT pgsched._catch_up_v2(%s, now => %s)", (json.dumps([decision]), T + 11 * S)) == 1
     missed = one(api, "SELECT plan_time, finished_at, outcome, result FROM pgsched.job_run WHERE job_id = %s",
                  (job,))
     assert (missed["plan_time"], missed["finished_at"], missed["outcome"]) == (T, T + 11 * S, "missed")
@@ -201,7 +202,7 @@ def test_catch_up_records_missed_plans_at_the_given_time(api: Conn) -> None:
     assert one(api, "SELECT next_start, total_missed FROM pgsched.job_stat WHERE job_id = %s", (job,)) == {
         "next_start": T + 10 * S, "total_missed": 3}
     # Written against the next_start it decided on: a second, stale decision changes nothing.
-    assert scalar(api, "SELECT pgsched._catch_up(%s, now => %s)", (json.dumps([decision]), T + 12 * S)) == 0
+    assert scalar(api, "SELECT pgsched._catch_up_v2(%s, now => %s)", (json.dumps([decision]), T + 12 * S)) == 0
 
 
 def test_a_close_records_the_skipped_slots_at_the_run_s_finish(api: Conn) -> None:

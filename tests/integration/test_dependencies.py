@@ -44,7 +44,7 @@ def after(api: Conn, upstreams: list[Any], **settings: Any) -> int:
 def end(api: Conn, run_id: int, at: datetime, outcome: str = "success", *, after_job: bool = False) -> None:
     """Close a run at `at`; its job's next plan an hour later (none for an '@after' job, as the scheduler
     computes it: pgsched.state.end_of_run)."""
-    assert scalar(api, "SELECT pgsched._mark_end(%s, %s, NULL, NULL, %s, finished_at => %s)",
+    assert scalar(api, "SELECT pgsched._mark_end_v2(%s, %s, NULL, NULL, %s, finished_at => %s)",
                   (run_id, outcome, None if after_job else at + timedelta(hours=1), at)) is True
 
 
@@ -81,7 +81,7 @@ def test_a_dependent_runs_once_after_each_success_of_its_upstream_with_its_plan_
     assert planned(api) == [(down, T)]
     assert scalar(api, "SELECT next_start FROM pgsched.job_stat WHERE job_id = %s", (down,)) == T
     assert waiting(api, down) is not None  # consumed: the next run needs the next success
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 2 * S,)) == T
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T + 2 * S,)) == T
     [d] = claim(api, me, T + 2 * S, workers=4)
     assert (d["job_id"], d["plan_time"], d["scope"]) == (down, T, "")
     assert scalar(api, "SELECT trigger FROM pgsched.job_run WHERE run_id = %s", (d["run_id"],)) == "upstream"
@@ -188,7 +188,7 @@ def test_pausing_an_upstream_disables_its_dependents_and_a_failure_disable_says_
     # disabled by its scheduler (a close with a reason): the reason is passed on
     me = register(api, T - S)
     [r] = claim(api, me, T)
-    assert scalar(api, "SELECT pgsched._mark_end(%s, 'failure', '22012', 'boom', NULL, finished_at => %s, "
+    assert scalar(api, "SELECT pgsched._mark_end_v2(%s, 'failure', '22012', 'boom', NULL, finished_at => %s, "
                        "disable_reason => 'max_retries 0 reached')", (r["run_id"], T + S)) is True
     s = rows(api, "SELECT state, disabled_reason FROM pgsched.job_stats WHERE job_id = %s", (down,))[0]
     assert s["state"] == "disabled" and "max_retries 0 reached" in s["disabled_reason"]
@@ -723,7 +723,7 @@ def test_a_close_under_repeatable_read_fails_rather_than_miss_another_close_s_ma
         rr.execute("SELECT 1")  # its snapshot: before b's close
         end(api, runs[b]["run_id"], T + S)
         with pytest.raises(psycopg.errors.SerializationFailure):
-            rr.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL, finished_at => %s)",
+            rr.execute("SELECT pgsched._mark_end_v2(%s, 'success', NULL, NULL, NULL, finished_at => %s)",
                        (runs[a]["run_id"], T + S))
         rr.rollback()
     assert planned(api) == []
@@ -952,7 +952,7 @@ def test_a_close_that_disables_its_job_meanwhile_another_change_takes_the_job_s_
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM pgsched.job_stat WHERE job_id = %s FOR UPDATE", (d,))
         close, close_errors = in_thread(
-            db, "SELECT pgsched._mark_end(%s, 'failure', NULL, 'boom', NULL, finished_at => %s, "
+            db, "SELECT pgsched._mark_end_v2(%s, 'failure', NULL, 'boom', NULL, finished_at => %s, "
                 "disable_reason => 'max_retries reached', lease_token => %s) /* closing_d */",
             (run["run_id"], T + S, run["lease_token"]))
         wait_for_a_lock_wait(api, "closing_d")

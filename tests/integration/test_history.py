@@ -231,7 +231,7 @@ def test_with_history_none_a_crash_is_still_counted_and_its_row_goes_at_its_clos
     assert scalar(api, "SELECT outcome FROM pgsched.job_run WHERE run_id = %s", (run_id,)) == "running"
     assert stats(api, job_id)["total_crashes"] == 1
     # found abandoned and closed as a crash, as a takeover does
-    assert scalar(api, "SELECT pgsched._mark_end(%s, 'crash', NULL, 'worker died', NULL)", (run_id,)) is True
+    assert scalar(api, "SELECT pgsched._mark_end_v2(%s, 'crash', NULL, 'worker died', NULL)", (run_id,)) is True
     assert scalar(api, "SELECT count(*) FROM pgsched.job_run WHERE job_id = %s", (job_id,)) == 0
     s = stats(api, job_id)
     assert (s["total_runs"], s["total_crashes"], s["consecutive_crashes"], s["state"]) == (1, 1, 1, "scheduled")
@@ -310,7 +310,7 @@ def test_skip_and_miss_records_follow_the_history_level_and_the_counters_do_not(
                 "new_next": (core.T + 20 * core.S).isoformat(), "missed": 3,
                 "first": (core.T + 6 * core.S).isoformat(), "last": (core.T + 8 * core.S).isoformat(),
                 "policy": "latest"}
-    assert scalar(api, "SELECT pgsched._catch_up(%s, now => %s)",
+    assert scalar(api, "SELECT pgsched._catch_up_v2(%s, now => %s)",
                   (json.dumps([decision]), core.T + 21 * core.S)) == 1
     assert sorted(r["outcome"] for r in rows(api, "SELECT outcome FROM pgsched.job_run WHERE job_id = %s",
                                              (job_id,))) == kept
@@ -459,14 +459,14 @@ def test_rows_that_keep_a_run_from_happening_twice_stay_in_the_live_table(api: C
     purge(api, now=scalar(api, "SELECT now()"))
     job_id = add_job(api, "'ok_fn', '1 hour'")
     # a run trigger_job started on a scheduler (it has an instance), as _start_request marks it
-    instance = scalar(api, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'v', 1)")
+    instance = scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'v', 1)")
     manual = scalar(api, "SELECT pgsched._mark_start(%s, now(), 'manual', 1, 1, %s, 1)", (job_id, instance))
-    api.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (manual,))
+    api.execute("SELECT pgsched._mark_end_v2(%s, 'success', NULL, NULL, NULL)", (manual,))
     assert where(api, manual) == ("pgsched.job_run_live", None)
     restart = add_job(api, "'ok_fn', '@restart'")
     plan = scalar(api, "SELECT pg_postmaster_start_time()")
     run = scalar(api, "SELECT pgsched._mark_start(%s, %s, 'schedule')", (restart, plan))
-    api.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (run,))
+    api.execute("SELECT pgsched._mark_end_v2(%s, 'success', NULL, NULL, NULL)", (run,))
     assert where(api, run) == ("pgsched.job_run_live", None)
     # ... which is what passes over the server start it ran for (the claim's key)
     assert scalar(api, "SELECT pgsched._arm_restart_jobs()") == 0

@@ -60,7 +60,7 @@ def test_an_upgrade_from_release_0_1_0_keeps_every_row_and_then_applies_the_rete
     assert scalar(c, "SELECT count(*) FROM pgsched._history_partitions") >= 31
 
     # the run in progress closes into its partition; run ids count on from 0.1.0's
-    c.execute("SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (running,))
+    c.execute("SELECT pgsched._mark_end_v2(%s, 'success', NULL, NULL, NULL)", (running,))
     assert scalar(c, "SELECT tableoid::regclass::text FROM pgsched.job_run WHERE run_id = %s", (running,)) != \
         "pgsched.job_run_live"
     c.execute("CALL pgsched.run_job(%s)", (job_id,))

@@ -47,7 +47,7 @@ def test_a_jittered_job_is_claimed_at_its_plan_plus_its_delay_and_the_run_record
     assert delay > timedelta(0)
     me = register(api, T - S)
     # the scheduler's sleep: the next due instant is the plan's, delayed
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T,)) == T + delay
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T,)) == T + delay
     assert scalar(api, "SELECT next_due FROM pgsched.job_stats WHERE job_id = %s", (job,)) == T + delay
     assert claim(api, me, T + delay - timedelta(microseconds=1)) == []
     [run] = claim(api, me, T + delay)

@@ -114,7 +114,7 @@ def end(run: dict[str, Any], outcome: str = "success", **more: Any) -> dict[str,
 
 @pytest.fixture
 def instance(api_tx: Conn) -> int:
-    return int(scalar(api_tx, "SELECT instance_id FROM pgsched._register_instance('test', 1, 'test', 4)"))
+    return int(scalar(api_tx, "SELECT instance_id FROM pgsched._register_instance_v2('test', 1, 'test', 4)"))
 
 
 def due(conn: Conn, args: str = "'ok_fn', '1 hour'") -> int:
@@ -250,9 +250,9 @@ def test_a_paused_job_run_by_hand_is_not_run_twice_nor_claimable_when_resumed(ap
     api.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 minute' WHERE job_id = %s", (job_id,))
     api.execute("SELECT pgsched.alter_job(%s, scheduled => true)", (job_id,))
     assert state_of(api, job_id) == "disabled"
-    instance = scalar(api, "SELECT instance_id FROM pgsched._register_instance('test', 1, 'test', 1)")
+    instance = scalar(api, "SELECT instance_id FROM pgsched._register_instance_v2('test', 1, 'test', 1)")
     assert claim(api, instance) == []
-    assert scalar(api, "SELECT pgsched._mark_end(%s, 'success', NULL, NULL, NULL)", (run_id,)) is True
+    assert scalar(api, "SELECT pgsched._mark_end_v2(%s, 'success', NULL, NULL, NULL)", (run_id,)) is True
     assert state_of(api, job_id) == "scheduled"
     assert [c["job_id"] for c in claim(api, instance)] == [job_id]
 

@@ -26,7 +26,7 @@ def test_failing_jobs_by_one_rule_and_not_a_run_in_progress(api: Conn, db: str) 
     start(api, running)
     for job in (crashed, running_after_crash):
         # What the abandoned-run check writes for a run whose scheduler died.
-        api.execute("SELECT pgsched._mark_end(%s, 'crash', NULL, 'scheduler died', NULL)", (start(api, job),))
+        api.execute("SELECT pgsched._mark_end_v2(%s, 'crash', NULL, 'scheduler died', NULL)", (start(api, job),))
     start(api, running_after_crash)
     api.execute("RESET pgsched.internal")
     api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (paused,))

@@ -253,7 +253,7 @@ def test_a_user_deletes_its_own_finished_runs_through_job_run_details(cron_db: S
     a, u = cron_db.admin, cron_db.user
     mine = scalar(u, "SELECT cron.schedule('mine', '0 3 * * *', 'SELECT 1')")
     theirs = scalar(a, "SELECT cron.schedule('theirs', '0 3 * * *', 'SELECT 1')")
-    me = scalar(a, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4)")
+    me = scalar(a, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 4)")
     for job in (mine, theirs):
         a.execute("""INSERT INTO pgsched.job_run (job_id, plan_time, started_at, finished_at, outcome, trigger,
                                                   instance_id)

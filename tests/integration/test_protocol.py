@@ -17,7 +17,7 @@ def test_a_run_s_application_name_is_the_same_on_both_sides(conn: Conn) -> None:
 
 
 def test_abandoned_run_causes_are_the_enum_s_values(conn: Conn) -> None:
-    body = str(scalar(conn, "SELECT pg_get_functiondef('pgsched._abandoned_runs'::regproc)"))
+    body = str(scalar(conn, "SELECT pg_get_functiondef('pgsched._abandoned_runs_v2'::regproc)"))
     case = body[body.index("CASE"):body.index("END AS cause")]
     causes = set(re.findall(r"THEN '([a-z_]+)'", case))
     assert causes == {c.value for c in AbandonedCause}, causes

@@ -225,7 +225,7 @@ def test_requests_are_written_only_by_the_request_functions(jobs: Conn, stranger
 
 def test_a_request_past_its_ttl_is_not_acted_on_and_the_purge_deletes_it(jobs: Conn) -> None:
     j = one(jobs, "SELECT add_job('hit', '1 hour')")
-    me = one(jobs, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4)")
+    me = one(jobs, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 4)")
     one(jobs, "SELECT trigger_job(%s)", j)
     request = one(jobs, "SELECT request_id FROM pgsched.request")
     assert [r[0] for r in jobs.execute("SELECT * FROM pgsched._requests(%s, %s)", ([request], me))] == [request]

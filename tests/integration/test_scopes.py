@@ -230,7 +230,7 @@ def test_a_failed_scope_run_is_queued_again_for_its_retry_time_and_no_sooner(api
     assert queued() == [{"scope": "a", "plan_time": T + 10 * S, "attempt": 2, "trigger": "retry"}]
     # Not claimable before its time; the schedulers wake for it.
     assert claim(api, me, T + 5 * S, workers=2) == []
-    assert scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (T + 5 * S,)) == T + 10 * S
+    assert scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (T + 5 * S,)) == T + 10 * S
     [again] = claim(api, me, T + 10 * S, workers=2)
     assert (again["scope"], again["attempt"], again["plan_time"]) == ("a", 2, T + 10 * S)
     # A retry at or after the job's next plan is not queued: the plan runs the scope anyway.
@@ -347,7 +347,7 @@ def test_a_scope_retry_is_claimed_ahead_and_is_a_wake_up_only_for_a_scheduled_jo
     me = register(api, T - S)
 
     def next_due(at: Any) -> Any:
-        return scalar(api, "SELECT next_due FROM pgsched._next_due('{}', now => %s)", (at,))
+        return scalar(api, "SELECT next_due FROM pgsched._next_due_v2('{}', now => %s)", (at,))
 
     assert next_due(T) == T + 10 * S
     api.execute("SELECT pgsched.alter_job(%s, scheduled => false)", (sharded,))
@@ -489,13 +489,13 @@ ATTEMPT_SHARD = """CREATE PROCEDURE public.attempt_shard(job_id int, config json
 
 def _scope_run_held_by_a_stopped_scheduler(conn: Conn, job: int, scope: str) -> int:
     """A run of `scope` started by a scheduler that then stopped without closing it (its row says
-    'stopped': the cause pgsched._abandoned_runs gives first): its run_id."""
+    'stopped': the cause pgsched._abandoned_runs_v2 gives first): its run_id."""
     conn.execute("INSERT INTO pgsched.job_run (job_id, scope, plan_time, trigger, outcome) "
                  "VALUES (%s, %s, now() - interval '1 second', 'schedule', 'queued')", (job, scope))
-    gone = int(one(conn, "SELECT instance_id FROM pgsched._register_instance('gone', 1, 'test', 1)"))
+    gone = int(one(conn, "SELECT instance_id FROM pgsched._register_instance_v2('gone', 1, 'test', 1)"))
     [run] = conn.execute("SELECT run_id FROM pgsched._claim_v2(%s, ARRAY[100], ARRAY[0], interval '0', '{}')",
                          (gone,)).fetchall()
-    conn.execute("SELECT pgsched._instance_stop(%s)", (gone,))
+    conn.execute("SELECT pgsched._instance_stop_v2(%s)", (gone,))
     return int(run[0])
 
 
@@ -554,7 +554,7 @@ def test_a_scope_run_found_at_a_start_while_a_peer_lives_is_retried_after_its_ba
     shards.execute("UPDATE pgsched.job_stat SET next_start = now() + interval '1 hour' WHERE job_id = %s", (job,))
     _scope_run_held_by_a_stopped_scheduler(shards, job, "us")
     with psycopg.connect(db, autocommit=True) as peer:  # registered, heartbeating now, its session open
-        peer.execute("SELECT pgsched._register_instance('peer', 1, 'test', 1)")
+        peer.execute("SELECT pgsched._register_instance_v2('peer', 1, 'test', 1)")
         serve(db, lambda: int(one(shards, "SELECT count(*) FROM effects WHERE scope = 'us'")) >= 1, timeout=8,
               crash_wait=30.0)
     us = shards.execute("SELECT attempt, trigger, outcome, plan_time, finished_at FROM pgsched.job_run "

@@ -578,7 +578,7 @@ def test_only_the_catalogs_administrators_set_concurrency_limits_and_a_shared_ke
         a = scalar(s.alice, "SELECT pgsched.add_job('public.job_ok', '1 hour', concurrency_key => 'shared')")
         s.admin.execute("UPDATE pgsched.job_stat SET next_start = now() - interval '1 minute' "
                         "WHERE job_id IN (%s, %s)", (a, b))
-        me = scalar(s.scheduler, "SELECT instance_id FROM pgsched._register_instance('h', 1, 'test', 4)")
+        me = scalar(s.scheduler, "SELECT instance_id FROM pgsched._register_instance_v2('h', 1, 'test', 4)")
         [run] = rows(s.scheduler, "SELECT job_id FROM pgsched._claim_v2(%s, '{1,2}', '{0,0}')", (me,))
         assert run["job_id"] == b  # the older job first; alice's waits
         assert rows(s.alice, "SELECT job_id, waiting_for FROM pgsched.job_stats") == [
