@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta, tzinfo
 from math import ceil
 from pathlib import Path
@@ -47,6 +47,8 @@ MAX_ROWS = 100           # jobs (rows) on one timeline
 STATEMENT_TIMEOUT = "30s"  # a page's query may not hold its session's connection longer
 MIN_WINDOW, MAX_WINDOW = timedelta(minutes=5), timedelta(days=7)
 MAX_JOB_ID = INT4_MAX   # job_id is an integer
+MAX_PAGE = 1_000_000     # the highest ?page= a list takes
+MAX_RUNS = 1000          # the most runs a job's page lists (?runs=)
 EXPIRE_EVERY = 5.0       # seconds between two sweeps of expired sessions (their connections close)
 ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Run now", "cancel": "Cancel the running run of"}
 HEADERS = {
@@ -145,7 +147,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
                 try:
                     return handler(request, s)
                 except psycopg.errors.QueryCanceled:
-                    return render(request, "error.html", s, status=503, message=(
+                    return render(request, "error.html", s, status=503, title="Unavailable", message=(
                         f"the page's query took longer than the dashboard's statement_timeout "
                         f"({STATEMENT_TIMEOUT}); try a smaller window or a narrower search"))
                 except psycopg.OperationalError as e:
@@ -156,6 +158,8 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
                     raise
                 except query.JobNotFound as e:
                     return render(request, "error.html", s, status=404, message=str(e))
+                except BadParameter as e:
+                    return render(request, "error.html", s, status=400, title="Bad request", message=str(e))
         return endpoint
 
     # --- sign-in -------------------------------------------------------------------------------
@@ -233,11 +237,12 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
 
     def jobs(request: Request, s: Session) -> Response:
         p = request.query_params
-        q, sort, desc = p.get("q", "").strip()[:200], p.get("sort", "id"), p.get("dir") == "desc"
+        q = p.get("q", "").strip()[:200]
         if "\0" in q:
-            return render(request, "error.html", s, status=400, title="Bad request",
-                          message="q: the search text cannot hold a NUL character")
-        page_no = _int(p.get("page"), 1, 1, 1_000_000)
+            raise BadParameter("q: the search text cannot hold a NUL character")
+        sort = _choice(p, "sort", "id", list(dashboard.SORTS))
+        desc = _choice(p, "dir", "asc", ["asc", "desc"]) == "desc"
+        page_no = _number(p, "page", 1, 1, MAX_PAGE)
         live = dashboard.fingerprint(s.conn)
         result = dashboard.jobs_page(s.conn, search=q, sort=sort, descending=desc, limit=PAGE_SIZE,
                                      offset=(page_no - 1) * PAGE_SIZE)
@@ -268,13 +273,13 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             # A schedule whose starts leave Python's years (the API takes '1000 years'), or a
             # catalog row written by hand past what the client reads.
             starts, starts_error = [], "no start within the years 1 to 9999 can be shown for this schedule"
-        runs = _int(request.query_params.get("runs"), 25, 1, 1000)
+        runs = _number(request.query_params, "runs", 25, 1, MAX_RUNS)
         hist = query.history(c, job_id=job_id, limit=runs)
         window = timedelta(hours=24)
         tl, note, _ = _timeline(c, now.astimezone(UTC) - window, now, job_id)
         return render(request, "job.html", s, live=live, job=j, starts=starts,
                       starts_error=starts_error, history=hist, words=words.describe(j["schedule"], j["timezone"]),
-                      timeline=tl, timeline_note=note, runs=runs)
+                      timeline=tl, timeline_note=note, runs=runs, max_runs=MAX_RUNS)
 
     def timeline(request: Request, s: Session) -> Response:
         c = s.conn
@@ -288,7 +293,7 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
             error, window = str(e), timedelta(hours=1)
         live = dashboard.fingerprint(c)
         now = query.db_now(c)
-        page_no = _int(request.query_params.get("page"), 1, 1, 1_000_000)
+        page_no = _number(request.query_params, "page", 1, 1, MAX_PAGE)
         # The window in UTC: an aware datetime's arithmetic in its own zone is by the wall clock,
         # an hour off across a DST change.
         tl, note, pages = _timeline(c, now.astimezone(UTC) - window, now, None, page_no)
@@ -423,8 +428,23 @@ def _safe_next(nxt: str | None) -> str:
     return nxt
 
 
-def _int(text: str | None, default: int, lo: int, hi: int) -> int:
-    try:
-        return max(lo, min(hi, int(text or default)))
-    except ValueError:
+class BadParameter(ValueError):
+    """A query parameter the page cannot take: answered 400, naming it and what it accepts."""
+
+
+def _number(params: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    """The whole number `name` of the URL's query, from lo to hi; absent or empty: default."""
+    text = params.get(name, "")
+    if text == "":
         return default
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(hi)) and lo <= int(text) <= hi):
+        raise BadParameter(f"{name}: {text[:20]!r} is not a whole number from {lo} to {hi}")
+    return int(text)
+
+
+def _choice(params: Mapping[str, str], name: str, default: str, accepted: list[str]) -> str:
+    """The value `name` of the URL's query, one of accepted; absent or empty: default."""
+    text = params.get(name, "") or default
+    if text not in accepted:
+        raise BadParameter(f"{name}: {text[:20]!r} is not one of {', '.join(accepted)}")
+    return text

@@ -22,7 +22,7 @@ from pgsched.ops import dashboard
 from pgsched.web import app as web_app
 from pgsched.web import sessions as web_sessions
 from tests.integration.helpers import Conn, scalar
-from tests.integration.web.conftest import PASSWORD, WebDb, schedule_as
+from tests.integration.web.conftest import PASSWORD, WebDb, fail_once, schedule_as
 from tests.integration.web.test_web_http import csrf_of, sign_in
 
 LOOPBACK = "http://127.0.0.1"
@@ -185,6 +185,39 @@ def test_bad_ids_and_search_text_get_a_clear_answer(webdb: WebDb, wadmin: Conn, 
     for q in ("\0", "a\0b"):
         r = client.get("/jobs", params={"q": q})
         assert r.status_code == 400 and "q: the search text cannot hold a NUL character" in r.text
+
+
+def test_a_bad_page_runs_sort_or_dir_is_a_400_naming_it(webdb: WebDb, client: TestClient,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """They fell back to the default silently (README "Not yet" until 2026-12-01)."""
+    need_passwords(webdb)
+    sign_in(client, webdb.odb.alice)
+    job_id = schedule_as(webdb, webdb.odb.alice, "bad_params")
+    for path, params, said in (
+            ("/jobs", {"page": "0"}, "page: '0' is not a whole number from 1 to 1000000"),
+            ("/jobs", {"page": "x"}, "page: 'x' is not a whole number from 1 to 1000000"),
+            ("/jobs", {"page": "1" * 5000}, "page: '11111111111111111111' is not a whole number"),
+            ("/jobs", {"page": "-1"}, "page: '-1' is not a whole number"),
+            ("/jobs", {"sort": "job_id; drop"}, "sort: 'job_id; drop' is not one of id, name, owner, state, "
+                                                "next_start, last_outcome"),
+            ("/jobs", {"dir": "up"}, "dir: 'up' is not one of asc, desc"),
+            ("/timeline", {"page": "²"}, "page: '²' is not a whole number"),
+            (f"/jobs/{job_id}", {"runs": "1001"}, "runs: '1001' is not a whole number from 1 to 1000"),
+            (f"/jobs/{job_id}", {"runs": "2.5"}, "runs: '2.5' is not a whole number")):
+        r = client.get(path, params=params)
+        assert r.status_code == 400 and "Bad request" in r.text, (path, params, r.status_code)
+        assert said.replace("'", "&#39;") in r.text, (path, params, r.text[-600:])
+    # The accepted forms, and an empty value for the default, still answer.
+    for path, params in (("/jobs", {"page": "2", "sort": "name", "dir": "desc"}), ("/jobs", {"page": ""}),
+                         ("/timeline", {"page": "1"}), (f"/jobs/{job_id}", {"runs": "1000"})):
+        assert client.get(path, params=params).status_code == 200, (path, params)
+    # The job page's "older runs" link asks for no more than it accepts.
+    for _ in range(2):
+        fail_once(webdb, webdb.odb.alice, job_id)
+    assert f'href="/jobs/{job_id}?runs=4"' in client.get(f"/jobs/{job_id}", params={"runs": "1"}).text
+    monkeypatch.setattr(web_app, "MAX_RUNS", 2)
+    assert f'href="/jobs/{job_id}?runs=2"' in client.get(f"/jobs/{job_id}", params={"runs": "1"}).text
+    assert "older runs" not in client.get(f"/jobs/{job_id}", params={"runs": "2"}).text
 
 
 def test_a_job_whose_starts_leave_the_years_python_reads_has_its_page(
