@@ -50,6 +50,7 @@ MAX_JOB_ID = INT4_MAX   # job_id is an integer
 MAX_PAGE = 1_000_000     # the highest ?page= a list takes
 MAX_RUNS = 1000          # the most runs a job's page lists (?runs=)
 EXPIRE_EVERY = 5.0       # seconds between two sweeps of expired sessions (their connections close)
+REFRESH_HEADER = "X-Pgsched-Refresh"  # set by static/live.js on the reloads it makes by itself
 ACTIONS = {"pause": "Pause", "resume": "Resume", "trigger": "Run now", "cancel": "Cancel the running run of"}
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
@@ -110,7 +111,10 @@ def create_app(dsn: str, *, single_user: bool = False, idle: float = 1800.0, lif
 
     def session_of(request: Request) -> Session | None:
         if not only:
-            return sessions.get(request.cookies.get(COOKIE))
+            # The live refresh's polls and page reloads (static/live.js) are the page's own doing,
+            # not the person's: an open tab left alone idles out like a closed one.
+            by_page = request.url.path == "/live" or request.headers.get(REFRESH_HEADER) == "1"
+            return sessions.get(request.cookies.get(COOKIE), seen=not by_page)
         if only[0].conn.closed or only[0].conn.broken:
             csrf = only[0].csrf  # pages already open keep working
             sessions.end(only[0].sid)

@@ -209,8 +209,9 @@ class Sessions:
         self.expire()
         return s
 
-    def get(self, sid: str | None) -> Session | None:
-        """The session of this id if it is still valid (and now seen)."""
+    def get(self, sid: str | None, *, seen: bool = True) -> Session | None:
+        """The session of this id if it is still valid (and now seen, unless `seen` is false: a
+        request the page made by itself, which must not keep an unattended session alive)."""
         self.expire()
         if not sid:
             return None
@@ -221,7 +222,7 @@ class Sessions:
         if s.conn.closed or s.conn.broken:
             self.end(s.sid)
             return None
-        if s.seen != float("inf"):
+        if seen and s.seen != float("inf"):
             s.seen = self.clock()
         return s
 

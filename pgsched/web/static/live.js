@@ -7,7 +7,8 @@
   var current = body.getAttribute("data-live");
   var busy = false;
   function refresh() {
-    return fetch(location.href, { credentials: "same-origin" }).then(function (r) {
+    // Marked as the page's own request: it does not keep the session from idling out.
+    return fetch(location.href, { credentials: "same-origin", headers: { "X-Pgsched-Refresh": "1" } }).then(function (r) {
       if (!r.ok) return;
       return r.text().then(function (html) {
         var doc = new DOMParser().parseFromString(html, "text/html");
