@@ -123,7 +123,7 @@ def test_a_running_instance_stops_when_a_later_release_drops_its_api(db: str, se
     job = add_job(db, "'tick', '1 second'")
     s = serve(db)
     wait_for(lambda: stats(db, job)["total_successes"] >= 2, 10, "two runs")
-    fake_api(db, NEWER + 1, NEWER, "9.2.0", drop=("_claim", "_heartbeat", "_next_due"))
+    fake_api(db, NEWER + 1, NEWER, "9.2.0", drop=("_claim_v2", "_heartbeat_v2", "_next_due_v2"))
     t0 = time.monotonic()
     stops_with_one_message(s, f"API is {NEWER + 1} (release 9.2.0", f"speaks API {api.API_VERSION}")
     # Its next heartbeat (2 s) or claim (1 s) fails, and the check that follows stops it.

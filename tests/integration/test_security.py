@@ -381,6 +381,8 @@ def test_scheduler_functions_are_not_executable_by_other_roles(s: Sessions) -> N
     for private in ("_claim", "_claim_v2", "_take_over_v2", "_finish_runs", "_abandoned_runs", "_register_instance",
                     "_instance_heartbeat", "_instance_stop", "_mark_start", "_mark_end", "_disable_job",
                     "_disable_job_v2", "_next_due", "_set_terminating", "_missing_runs", "_record_skipped",
+                    "_abandoned_runs_v2", "_register_instance_v2", "_instance_stop_v2", "_mark_end_v2",
+                    "_next_due_v2", "_heartbeat", "_heartbeat_v2", "_catch_up", "_catch_up_v2",
                     "_start_request", "_requests", "_request_ttl", "_check_may_act", "_session_may_act", "_event",
                     "_end_run"):
         assert private not in may, private
