@@ -85,8 +85,11 @@ def _round(x: float) -> float:
 
 def run_once(tree: Path, bench: str, args: list[str]) -> dict[str, Any]:
     """One run of bench/<bench>.py with the pgsched of `tree`; its last line of output, as JSON."""
+    # In the tree's directory too: a process the bench starts as `python -m pgsched...` (a worker
+    # that bench/worker_alone launches) puts its working directory first on sys.path, before
+    # PYTHONPATH, so from this checkout it would import this tree's pgsched on both sides.
     proc = subprocess.run([sys.executable, str(BENCH / f"{bench}.py"), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(tree)}, check=False)
+                          env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree, check=False)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"bench/{bench}.py {' '.join(args)} failed in {tree} (exit {proc.returncode}):\n"

@@ -12,6 +12,7 @@
     ./dev bench scheduler throughput --http both --rounds 2   with serve --http off and on, in turn
     ./dev bench scheduler throughput --owners 4                the jobs of four owners in turn
     ./dev bench scheduler burst --workers 8                    serve --max-workers 8 (default: serve's own)
+    ./dev bench scheduler burst --commands                     the 1,000 jobs as command text (pg_cron's kind)
 
 
 The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
@@ -134,6 +135,7 @@ JITTER = False
 CONCURRENCY = False
 DEPENDENCIES = False
 OWNERS = 1
+COMMANDS = False  # --commands: burst's jobs are command text
 # serve --max-workers of the scenarios (--workers; serve's own default unless given).
 WORKERS = 8
 
@@ -206,6 +208,11 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
 def burst() -> dict[str, Any]:
     with cluster() as (_, dsn):
         add_jobs(dsn, 1000, "mark", "1 hour", fixed=True, delay_s=4)
+        if COMMANDS:
+            # pg_cron's kind of job: the same row written by command text of one statement.
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("UPDATE pgsched.job SET kind = 'command', proc_schema = NULL, proc_name = NULL, "
+                             "command = format('INSERT INTO bench_start (job_id) VALUES (%s)', job_id)")
         with psycopg.connect(dsn) as conn:
             due = conn.execute("SELECT min(initial_start) FROM pgsched.job").fetchone()
         with serve(dsn, "--max-workers", str(WORKERS)):
@@ -221,7 +228,7 @@ def burst() -> dict[str, Any]:
                                    ).fetchone() if due else None
     assert row is not None
     return {"scenario": "burst", "started": row[0], "last_start_after_s": round(float(row[1]), 3),
-            "first_start_after_s": round(float(row[2]), 4), "workers": WORKERS,
+            "first_start_after_s": round(float(row[2]), 4), "workers": WORKERS, "commands": COMMANDS,
             "target": "all 1000 started, the last within 2 s"}
 
 
@@ -554,16 +561,18 @@ def main() -> None:
     ap.add_argument("--dependencies", action="store_true",
                     help="lag and throughput: half the jobs run after another (throughput: with no schedule of "
                          "their own; lag: keeping theirs, each plan checking its upstream succeeded)")
+    ap.add_argument("--commands", action="store_true",
+                    help="burst: the jobs are command text (INSERT ..., pg_cron's kind) instead of functions")
     ap.add_argument("--owners", type=int, default=1,
                     help="lag and throughput: the jobs belong to this many login roles in turn (default 1: "
                          "the bench's superuser)")
     args = ap.parse_args()
     if args.owners < 1:
         ap.error("--owners: a whole number of roles, 1 or more")
-    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS, OWNERS
+    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS, OWNERS, COMMANDS
     WORKERS = args.workers or serve_default_workers()
     PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
-    DEPENDENCIES, OWNERS = args.dependencies, args.owners
+    DEPENDENCIES, OWNERS, COMMANDS = args.dependencies, args.owners, args.commands
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":

@@ -1,13 +1,22 @@
 """A job's statement and the session reset after it, sent to the server in one round trip.
 
 The worker runs a function or procedure job, and command text of one statement, as one
-pipeline (libpq's pipeline mode, through psycopg's libpq wrapper `psycopg.pq`): the job's
-statement, then DISCARD ALL, each followed by a Sync. The server takes them one after the
+pipeline (libpq's pipeline mode, through psycopg's libpq wrapper `psycopg.pq`): the run's
+set-up where the statement cannot carry it (a CALL, command text), the job's statement, then
+DISCARD ALL, each followed by a Sync. The server takes them one after the
 other without waiting for the worker, so a run costs the worker and its backend one exchange
 instead of two. Each Sync ends its statement's transaction: the job's work is committed (or
 rolled back) before the reset, and the reset runs outside any transaction, as DISCARD ALL must;
 a procedure's CALL is alone in its transaction, so it may COMMIT. A job that fails does not
 stop the reset after its Sync: a failed run's session is reset all the same.
+
+Nor does a failed set-up stop the statement after it. The set-up only sets a few settings
+(set_config of application_name and pgsched.*), which fails only when the connection is lost
+(then nothing after it runs either) or when a cancel lands in those microseconds: the job then
+runs without them and its run has the statement's outcome, as a cancel that lands between two
+statements was always lost (PostgreSQL drops a cancel that finds its backend idle). Sent as a
+round trip of its own before the statement, the set-up cost a trivial command run about 100 us
+of the worker's and its backend's CPU (`./dev bench worker_alone --kind command`).
 
 Each statement is sent as PQexecParams sends one alone (Parse, Bind, Execute, Sync), so a
 command such as VACUUM runs as it would by itself. Command text of several statements
@@ -40,9 +49,11 @@ class Ended:
     lost: bool = False
 
 
-def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[bytes | None]) -> Ended:
-    """Execute `query` (its placeholders $1, $2, ...; `params` as text, None for NULL), then
-    DISCARD ALL, each in its own transaction, in one round trip.
+def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[bytes | None],
+                  set_up: tuple[bytes, Sequence[bytes | None]] | None = None) -> Ended:
+    """Execute `set_up` (a statement and its parameters) if given, then `query` (its placeholders
+    $1, $2, ...; `params` as text, None for NULL), then DISCARD ALL, each in its own transaction,
+    in one round trip.
 
     `conn` is in autocommit mode and idle on entry, and left so unless the connection was lost.
     """
@@ -55,11 +66,18 @@ def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[
     # ended, and its lost session afterwards; a committed run is not a crash).
     ended = reset = False
     try:
+        if set_up is not None:
+            pg.send_query_params(set_up[0], set_up[1] or None)
+            pg.pipeline_sync()
         pg.send_query_params(query, params or None)
         pg.pipeline_sync()
         pg.send_query_params(RESET, None)
         pg.pipeline_sync()
-        res, lost = _until_sync(pg)
+        lost = False
+        if set_up is not None:
+            _, lost = _until_sync(pg)
+        if not lost:
+            res, lost = _until_sync(pg)
         if not lost:
             ended = True
             done, _ = _until_sync(pg)

@@ -99,6 +99,9 @@ SET_UP = ("pg_catalog.set_config('application_name', %s, false), pg_catalog.set_
           "pg_catalog.set_config('pgsched.plan_time', %s, false), pg_catalog.set_config('pgsched.scope', %s, false)")
 
 
+_SET_UP_ALONE = f"SELECT {SET_UP % ('$1', '$2', '$3', '$4')}".encode()
+
+
 def _set_up_values(msg: dict[str, Any]) -> tuple[str, str, str, str]:
     """SET_UP's parameters for a run (its role is the session's: see Session)."""
     return str(msg["app"]), str(msg["run_id"]), str(msg["plan_time"]), str(msg.get("scope") or "")
@@ -272,9 +275,11 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     set_up = _set_up_values(msg)
     if msg.get("scope_query"):
         return _fan_out(conn, msg, run_id, set_up), False
+    command: str = msg.get("command") or ""
     try:
-        if msg["kind"] != "proc" or msg["is_procedure"]:
-            # A Python handler, a CALL and command text cannot carry the set-up: it takes its own round trip.
+        if msg["kind"] == "python" or (msg["kind"] == "command" and not one_statement(command)):
+            # A Python handler and command text of several statements (the simple query protocol,
+            # which has no pipeline) take the set-up in a round trip of its own.
             conn.execute("SELECT " + SET_UP, set_up)
     except psycopg.Error as e:
         return _failed(conn, run_id, e), False
@@ -284,9 +289,9 @@ def run_one(conn: psycopg.Connection[Any], msg: dict[str, Any], heartbeat: pyjob
     try:
         if msg["kind"] == "proc":
             return _run_proc(conn, msg, run_id, set_up)
-        command: str = msg["command"]
         if one_statement(command):
-            ended = oneround.run_and_reset(conn, command.encode(conn.info.encoding), ())
+            encoding = conn.info.encoding
+            ended = oneround.run_and_reset(conn, command.encode(encoding), (), _set_up_statement(set_up, encoding))
             # Not idle on a live session: the command began a transaction (a lone BEGIN), below.
             if conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
                 return _ended(run_id, ended), ended.reset
@@ -331,11 +336,20 @@ def _run_proc(conn: psycopg.Connection[Any], msg: dict[str, Any], run_id: int,
     (pgsched.oneround); a reset that did not happen is done again by the caller."""
     encoding = conn.info.encoding
     params = _call_params(msg, encoding)
-    if not msg["is_procedure"]:
+    if msg["is_procedure"]:
+        before = _set_up_statement(set_up, encoding)  # CALL cannot carry it: a statement before it
+    else:
         params[:0] = [v.encode(encoding) for v in set_up]
+        before = None
     ended = oneround.run_and_reset(conn, _call(msg["proc_schema"], msg["proc_name"], bool(msg["is_procedure"]),
-                                               encoding), params)
+                                               encoding), params, before)
     return _ended(run_id, ended), ended.reset
+
+
+def _set_up_statement(set_up: tuple[str, ...], encoding: str) -> tuple[bytes, list[bytes | None]]:
+    """The run's set-up as a statement of its own, sent in the run's pipeline ahead of a statement
+    that cannot carry it (a CALL, command text)."""
+    return _SET_UP_ALONE, [v.encode(encoding) for v in set_up]
 
 
 def _ended(run_id: int, ended: oneround.Ended) -> Done:

@@ -197,6 +197,46 @@ def test_a_function_run_sees_its_set_up_whatever_its_values_hold(db: str, conn: 
         launcher.reap(w, timeout=5)
 
 
+@pytest.mark.parametrize("kind", ["procedure", "one-statement command", "command of several statements"])
+def test_a_procedure_or_command_run_sees_its_set_up_sent_ahead_of_it(db: str, conn: Conn, kind: str) -> None:
+    """A CALL and command text cannot carry the set-up as a function's SELECT does: a procedure and
+    a one-statement command get it as a statement of its own in the run's pipeline
+    (pgsched.oneround: set-up, job, reset, one round trip), command text of several statements in
+    a round trip before it. Each run sees its own values, and a failing command fails with its
+    own error, its session reset all the same."""
+    conn.execute("CREATE TABLE seen (run_id text, plan_time text, scope text, app text)")
+    note = ("INSERT INTO seen VALUES (current_setting('pgsched.run_id'), current_setting('pgsched.plan_time'), "
+            "current_setting('pgsched.scope'), current_setting('application_name'))")
+    conn.execute(f"CREATE PROCEDURE public.note(job_id int, config jsonb) LANGUAGE sql AS $${note}$$")
+    w, _, role = connected_worker(db, conn)
+
+    def run(run_id: int, scope: str, command: str) -> protocol.Done:
+        if kind == "procedure" and command == note:
+            msg = function_run(role, run_id, "note", procedure=True, scope=scope)
+        else:
+            msg = {**insert_run(role), "run_id": run_id, "scope": scope, "command": command,
+                   "app": f"pgsched job 1 run {run_id} lease 1", "plan_time": "2026-01-01T00:00:00+00:00"}
+        w.send(msg)
+        done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+        assert done[-1].run_id == run_id, done
+        return done[-1]
+
+    several = "SELECT 1; " if kind.startswith("command of several") else ""
+    try:
+        for run_id, scope in ((7, "50%off 'a' %s \"b\""), (8, "")):
+            assert run(run_id, scope, several + note).ok is True
+        failed = run(9, "x", several + "SELECT 1/0")
+        assert (failed.ok, failed.sqlstate) == (False, "22012"), failed
+        assert run(10, "", several + note).ok is True
+        assert conn.execute("SELECT * FROM seen ORDER BY run_id::int").fetchall() == [
+            ("7", "2026-01-01T00:00:00+00:00", "50%off 'a' %s \"b\"", "pgsched job 1 run 7 lease 1"),
+            ("8", "2026-01-01T00:00:00+00:00", "", "pgsched job 1 run 8 lease 1"),
+            ("10", "2026-01-01T00:00:00+00:00", "", "pgsched job 1 run 10 lease 1")]
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
 def test_a_function_whose_name_holds_percent_signs_is_the_one_called(db: str, conn: Conn) -> None:
     """psycopg reads placeholders in a statement's whole text, quoted identifiers included: the
     worker doubles a '%' of the proc's name, so "a%b" runs (not a placeholder error) and "a%%b" is
