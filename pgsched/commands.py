@@ -694,7 +694,8 @@ def watch(dsn: str | None, count: int | None, timeout: float | None, as_json: bo
 @click.option("--single-user", is_flag=True,
               help="No sign-in: act as the DSN's role (loopback addresses only).")
 @click.option("--session-idle", type=Seconds(10), default=1800.0, show_default=True,
-              help="A session ends after this many seconds without a request.")
+              help="A session ends after this many seconds without a request of the person's "
+                   "(the live refresh's do not count).")
 @click.option("--session-lifetime", type=Seconds(60), default=8 * 3600.0, show_default=True,
               help="A session ends this many seconds after sign-in.")
 @click.option("--secure-cookies", is_flag=True,

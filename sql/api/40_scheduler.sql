@@ -1,6 +1,6 @@
 -- What `pgsched serve` runs: claiming due jobs (mark_start for a batch, one
 -- statement), the instance registry, finding runs nobody will finish, and the
--- skipped-slot record. Closing a run is pgsched._mark_end (20_runs.sql).
+-- skipped-slot record. Closing a run is pgsched._end_runs (20_runs.sql).
 
 -- Python jobs are claimed only by instances that loaded their module (an instance
 -- without it must not wake for them): the condition
@@ -35,6 +35,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_heartbeat',
     '_heartbeat_v2',
     '_instance_heartbeat',
+    '_instance_heartbeat_v2',
     '_instance_stop',
     '_instance_stop_v2',
     '_missing_runs',
@@ -42,6 +43,7 @@ SELECT pgsched._drop_functions(ARRAY[
     '_next_due_v2',
     '_plan',
     '_record_skipped',
+    '_record_skipped_v2',
     '_register_instance',
     '_register_instance_v2',
     '_run_app_name',
@@ -471,18 +473,18 @@ $$;
 
 -- A run that ends while later slots of its job came due records them once:
 -- total_skipped counts them and one 'skipped' history row names the range.
-CREATE OR REPLACE FUNCTION pgsched._record_skipped(run_id bigint, skipped integer, first_slot timestamptz,
+CREATE OR REPLACE FUNCTION pgsched._record_skipped_v2(run_id bigint, skipped integer, first_slot timestamptz,
                                                    last_slot timestamptz, now timestamptz DEFAULT clock_timestamp())
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     WITH r AS (SELECT jr.job_id, j.history FROM pgsched.job_run jr JOIN pgsched.job j ON j.job_id = jr.job_id
-                WHERE jr.run_id = _record_skipped.run_id),
+                WHERE jr.run_id = _record_skipped_v2.run_id),
     ins AS (
         -- The record is a history row: a job whose level keeps none of skips has only the count.
         INSERT INTO pgsched.job_run_live (job_id, plan_time, trigger, outcome, message, finished_at, result)
         SELECT r.job_id, first_slot, 'schedule', 'skipped',
                format('%s slot(s) from %s to %s skipped: run %s was still in progress', skipped, first_slot,
-                      last_slot, _record_skipped.run_id), _record_skipped.now,
+                      last_slot, _record_skipped_v2.run_id), _record_skipped_v2.now,
                -- The range in a form a program can check every slot against.
                jsonb_build_object('first', first_slot, 'last', last_slot, 'count', skipped)
           FROM r WHERE pgsched._kept(r.history, 'skipped')
@@ -513,15 +515,15 @@ SET search_path = pg_catalog, pg_temp AS $$
     RETURNING instance_id, _register_instance_v2.now
 $$;
 
-CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat(instance_id bigint, max_workers integer,
+CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat_v2(instance_id bigint, max_workers integer,
                                                        now timestamptz DEFAULT now())
 RETURNS timestamptz LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     UPDATE pgsched.instance i
-       SET heartbeat_at = _instance_heartbeat.now, max_workers = _instance_heartbeat.max_workers,
+       SET heartbeat_at = _instance_heartbeat_v2.now, max_workers = _instance_heartbeat_v2.max_workers,
            backend_pid = pg_catalog.pg_backend_pid(), stopped_at = NULL
-     WHERE i.instance_id = _instance_heartbeat.instance_id
-    RETURNING _instance_heartbeat.now
+     WHERE i.instance_id = _instance_heartbeat_v2.instance_id
+    RETURNING _instance_heartbeat_v2.now
 $$;
 
 -- Whether an instance's row is still there: a scheduler cut off for longer than the history's
@@ -543,7 +545,7 @@ $$;
 -- The application_name a run's worker gives its backend: it names the job, the run and the
 -- lease (a takeover's backend has another name than the stale attempt's). The worker's side is
 -- pgsched.protocol.run_app_name; tests/integration/test_protocol.py checks they agree. No pinned
--- search_path (everything is qualified): so that it inlines into _abandoned_runs' query.
+-- search_path (everything is qualified): so that it inlines into _abandoned_runs_v2' query.
 CREATE OR REPLACE FUNCTION pgsched._run_app_name(job_id integer, run_id bigint, lease_token bigint)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT pg_catalog.format('pgsched job %s run %s lease %s', job_id, run_id, lease_token)
@@ -634,14 +636,14 @@ $$;
 -- A heartbeat: renew this instance's heartbeat and the leases of the runs it holds
 -- (run_id, lease_token pairs); returns the held runs whose lease is no longer ours
 -- (closed, or taken over by another scheduler that found it stale) and the database
--- time. The scheduler asks _abandoned_runs in the same statement (pgsched/store.py).
+-- time. The scheduler asks _abandoned_runs_v2 in the same statement (pgsched/store.py).
 CREATE OR REPLACE FUNCTION pgsched._heartbeat_v2(instance_id bigint, max_workers integer, held bigint[],
                                               tokens bigint[], now timestamptz DEFAULT now())
 RETURNS TABLE (lost bigint[], db_now timestamptz)
 LANGUAGE plpgsql ROWS 1
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    beat timestamptz := pgsched._instance_heartbeat(_heartbeat_v2.instance_id, _heartbeat_v2.max_workers, _heartbeat_v2.now);
+    beat timestamptz := pgsched._instance_heartbeat_v2(_heartbeat_v2.instance_id, _heartbeat_v2.max_workers, _heartbeat_v2.now);
 BEGIN
     -- A row locked by someone's open transaction (a DELETE of the job, say) is skipped, not
     -- waited for: the loop must not freeze on it, and it is renewed at the next heartbeat.
@@ -660,7 +662,7 @@ BEGIN
 END
 $$;
 
--- Take over stale runs of allow_stale_reentry jobs (found by _abandoned_runs): the
+-- Take over stale runs of allow_stale_reentry jobs (found by _abandoned_runs_v2): the
 -- same plan, run again as its next attempt under a new lease, by this instance's idle
 -- workers. Fenced on the old lease token: if the holder came back and closed it, or
 -- another instance took it first, nothing happens. The lost attempt stays counted as
@@ -710,7 +712,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Jobs whose next plan is more than `late` overdue: the scheduler applies their
--- catch-up policy (pgsched/catchup.py) and writes the result with _catch_up. jitter_s: the delay
+-- catch-up policy (pgsched/catchup.py) and writes the result with _catch_up_v2. jitter_s: the delay
 -- of the plan at next_start (API 2; API 1's _behind, 41_api1.sql, is this without it).
 CREATE OR REPLACE FUNCTION pgsched._behind_v2(late interval, max_rows integer, now timestamptz DEFAULT now())
 RETURNS TABLE (job_id integer, next_start timestamptz, schedule text, months integer, days integer,
@@ -920,7 +922,7 @@ BEGIN
                 wake := true;
             END IF;
             IF e.scope = '' AND coalesce(e.skipped, 0) > 0 THEN
-                PERFORM pgsched._record_skipped(e.run_id, e.skipped, e.skipped_first, e.skipped_last, e.finished_at);
+                PERFORM pgsched._record_skipped_v2(e.run_id, e.skipped, e.skipped_first, e.skipped_last, e.finished_at);
             END IF;
             IF e.scope <> '' AND e.retry_at IS NOT NULL AND e.outcome IN ('failure', 'timeout', 'crash') THEN
                 -- A scope run that failed, timed out or crashed is queued again for retry_at (its

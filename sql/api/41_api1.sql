@@ -1,4 +1,4 @@
--- API 1 (release 0.1.0): what its instances call whose result API 2 changed, kept so that they
+-- API 1 (release 0.1.0): what its instances call whose arguments or result API 2 changed, kept so that they
 -- go on working through a rolling upgrade until they are replaced (README, "Upgrading").
 -- Each is API 1's signature and result exactly (a running instance's prepared statements depend
 -- on both), over API 2's function. The release that stops serving API 1 deletes this file, and
@@ -127,4 +127,19 @@ RETURNS TABLE (instance_id bigint, db_now timestamptz)
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM pgsched._register_instance_v2(host, pid, version, max_workers)
+$$;
+
+-- Called by API 1's own function bodies (_heartbeat, _finish_runs) as 0.1.0 wrote them: a statement
+-- of an old instance that began such a body before init's commit calls these after it.
+CREATE OR REPLACE FUNCTION pgsched._instance_heartbeat(instance_id bigint, max_workers integer)
+RETURNS timestamptz LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._instance_heartbeat_v2(instance_id, max_workers)
+$$;
+
+CREATE OR REPLACE FUNCTION pgsched._record_skipped(run_id bigint, skipped integer, first_slot timestamptz,
+                                                   last_slot timestamptz)
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgsched._record_skipped_v2(run_id, skipped, first_slot, last_slot)
 $$;
