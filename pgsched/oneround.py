@@ -11,12 +11,15 @@ a procedure's CALL is alone in its transaction, so it may COMMIT. A job that fai
 stop the reset after its Sync: a failed run's session is reset all the same.
 
 Nor does a failed set-up stop the statement after it. The set-up only sets a few settings
-(set_config of application_name and pgsched.*), which fails only when the connection is lost
-(then nothing after it runs either) or when a cancel lands in those microseconds: the job then
-runs without them and its run has the statement's outcome, as a cancel that lands between two
-statements was always lost (PostgreSQL drops a cancel that finds its backend idle). Sent as a
-round trip of its own before the statement, the set-up cost a trivial command run about 100 us
-of the worker's and its backend's CPU (`./dev bench worker_alone --kind command`).
+(set_config of application_name and pgsched.*), which fails when the connection is lost (then
+nothing after it runs either) or when a cancel lands in those microseconds (the scheduler's:
+cancel_job, a deleted job, a stop). A job must not run without them: its application_name is how
+the scheduler finds its backend to terminate it. So the worker then cancels the statement, again
+every CANCEL_EVERY_S until its answer is in (a cancel that finds the backend between two
+statements is dropped), and the run has the statement's outcome: cancelled, or what it did if
+it ended first. Sent as a round trip of its own before the statement, the set-up cost a trivial
+command run about 100 us of the worker's and its backend's CPU (`./dev bench worker_alone --kind
+command`).
 
 Each statement is sent as PQexecParams sends one alone (Parse, Bind, Execute, Sync), so a
 command such as VACUUM runs as it would by itself. Command text of several statements
@@ -26,6 +29,7 @@ resets the session in two exchanges (worker.one_statement decides).
 
 from __future__ import annotations
 
+import select
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +38,8 @@ import psycopg
 from psycopg import pq
 
 RESET = b"DISCARD ALL"
+# After a failed set-up: how often the statement after it is cancelled until its answer is in.
+CANCEL_EVERY_S = 0.05
 # libpq answers None once between two statements' results; more in a row means nothing else is coming.
 _MAX_NONE_IN_A_ROW = 3
 
@@ -75,7 +81,11 @@ def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[
         pg.pipeline_sync()
         lost = False
         if set_up is not None:
-            _, lost = _until_sync(pg)
+            before, lost = _until_sync(pg)
+            if lost:
+                res = before  # its error says why (a terminated session's), not libpq's afterword
+            elif before is not None and before.status == pq.ExecStatus.FATAL_ERROR:
+                _cancel_until_answered(pg)
         if not lost:
             res, lost = _until_sync(pg)
         if not lost:
@@ -93,6 +103,21 @@ def run_and_reset(conn: psycopg.Connection[Any], query: bytes, params: Sequence[
     if not ended:
         return Ended(message=_text(pg.error_message, encoding) or "the connection was lost", lost=True)
     return Ended(reset=reset)
+
+
+def _cancel_until_answered(pg: pq.abc.PGconn) -> None:
+    """Cancel the statement in progress until its answer has begun to arrive (or the connection
+    is gone): the statement after a failed set-up."""
+    cancel = pg.get_cancel()
+    try:
+        # Busy first: libpq may have read the answer already, with the set-up's (the socket then
+        # has nothing more to say until the next statement, and waiting on it would never end).
+        while pg.status != pq.ConnStatus.BAD and pg.is_busy():
+            cancel.cancel()
+            if select.select([pg.socket], [], [], CANCEL_EVERY_S)[0]:
+                pg.consume_input()
+    except psycopg.OperationalError:
+        return  # lost: the reading that follows says so
 
 
 def _until_sync(pg: pq.abc.PGconn) -> tuple[pq.abc.PGresult | None, bool]:

@@ -17,7 +17,7 @@ import psycopg.conninfo
 import pytest
 from psycopg import sql
 
-from pgsched import launcher, protocol, pyjob, worker
+from pgsched import launcher, oneround, protocol, pyjob, worker
 from pgsched.launcher import Worker
 
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -235,6 +235,26 @@ def test_a_procedure_or_command_run_sees_its_set_up_sent_ahead_of_it(db: str, co
     finally:
         w.close_stdin()
         launcher.reap(w, timeout=5)
+
+
+def test_a_statement_after_a_failed_set_up_is_cancelled_and_a_set_up_lost_says_why(db: str) -> None:
+    """The set-up shares the run's pipeline, so its failure does not stop the statement after it:
+    a job must not run without its application_name (how the scheduler finds its backend), so the
+    statement is cancelled. A session terminated during the set-up reports the server's reason."""
+    with psycopg.connect(db, autocommit=True) as c:
+        t0 = time.monotonic()
+        ended = oneround.run_and_reset(c, b"SELECT pg_sleep(20)", (), (b"SELECT 1/0", []))
+        assert time.monotonic() - t0 < 5, "the statement after the failed set-up ran on"
+        assert (ended.sqlstate, ended.lost) == ("57014", False), ended
+        assert c.execute("SELECT 1").fetchone() == (1,)  # the session is usable, idle again
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # A statement that ends before the cancel reaches it keeps its outcome.
+        ended = oneround.run_and_reset(c, b"SELECT 1", (), (b"SELECT 1/0", []))
+        assert ended.sqlstate in (None, "57014"), ended
+    with psycopg.connect(db, autocommit=True) as c:
+        ended = oneround.run_and_reset(c, b"SELECT 1", (), (b"SELECT pg_terminate_backend(pg_backend_pid())", []))
+        assert ended.lost and ended.sqlstate == "57P01", ended
+        assert ended.message and "terminating connection due to administrator command" in ended.message, ended
 
 
 def test_a_function_whose_name_holds_percent_signs_is_the_one_called(db: str, conn: Conn) -> None:
