@@ -606,8 +606,9 @@ def test_standby_stays_idle_until_promoted(jobs_db: str, standby: Cluster, serve
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     assert isinstance(dbname, str)
     replica = standby.dsn(dbname)
-    wait_for(lambda: query(replica, "SELECT count(*) AS n FROM pgsched.job WHERE job_id = %s", (job,))[0]["n"],
-             10, "the job to replicate")
+    # (A count of 0 is not None: `or None` keeps waiting.)
+    wait_for(lambda: query(replica, "SELECT count(*) AS n FROM pgsched.job WHERE job_id = %s", (job,))[0]["n"]
+             or None, 10, "the job to replicate")
     assert query(replica, "SELECT pg_is_in_recovery() AS r")[0]["r"]
 
     # /readyz says "not ready" on a standby and "ready" once promoted (with pgsched[http]).
@@ -672,8 +673,10 @@ def test_a_start_that_fails_after_promotion_is_tried_again(jobs_db: str, standby
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     assert isinstance(dbname, str)
     replica = standby.dsn(dbname)
+    # (A count of 0 is not None: without `or None` this returned at once, and on PostgreSQL 18 the
+    # instance often registered before the trigger had replicated.)
     wait_for(lambda: query(replica, "SELECT count(*) AS n FROM pg_trigger WHERE tgname = 'refuse_instance'"
-                           )[0]["n"], 10, "the trigger to replicate")
+                           )[0]["n"] or None, 10, "the trigger to replicate")
     s = serve(replica, "--max-workers", "2", *FAST, wait_instance=False)
     s.wait_log("standby", 5)
     proc = subprocess.run([str(standby.bindir / "pg_ctl"), "-D", str(standby.datadir), "-w", "promote"],
