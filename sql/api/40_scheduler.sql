@@ -174,6 +174,7 @@ SET enable_bitmapscan = off AS $$
 -- function would plan the whole query again on every claim.
 DECLARE
     keyed boolean;
+    queued boolean;
 BEGIN
     -- On the partial index of keyed due jobs, and the queued scope runs (usually none; with many
     -- queued runs of unkeyed jobs this walks them until a keyed one, a plain index scan).
@@ -189,6 +190,99 @@ BEGIN
                                        AND q.plan_time <= _claim_v2.now + ahead));
     IF keyed THEN
         PERFORM pg_catalog.pg_advisory_xact_lock(7401295312);
+    END IF;
+    -- Any queued scope run, claimable or a retry for later, of any job (job_run_queued_idx).
+    queued := EXISTS (SELECT 1 FROM pgsched.job_run_live q WHERE q.outcome = 'queued');
+    IF NOT keyed AND NOT queued THEN
+        -- The usual claim: no keyed job due and no scope run queued. The statement below with
+        -- what only keys and queued runs need left out (their room, ranks, queue walk, the
+        -- workers kept for the queue, and the next-due terms of queued runs): a claim of 1, 8 and
+        -- 16 runs took 0.66, 1.78 and 2.57 ms against 0.99, 2.38 and 3.22 (bench/claim_close.py,
+        -- 2026-12-02), most of the difference the larger plan's executor start-up at every call.
+        -- Every rule it keeps is the full statement's, in the same words: a change to one is a
+        -- change to both, and tests/integration/test_claim_paths.py runs both on the same states
+        -- and compares what they return and write (it tells the two apart by this DEBUG line).
+        RAISE DEBUG 'pgsched claim: no keyed job due, no scope run queued';
+        RETURN QUERY
+        WITH due AS (
+            SELECT c.job_id, c.next_start, c.consecutive_failures, c.consecutive_crashes, c.after_upstreams,
+                   c.schedule_delay,
+                   pgsched._delayed(c.next_start, -c.schedule_delay) AS plan_time,
+                   pgsched._jitter_us(c.job_id, c.next_start, c.jitter_us) AS jitter_us,
+                   row_number() OVER (ORDER BY c.start_key, c.job_id) AS n
+              FROM (SELECT s.job_id, s.next_start, s.consecutive_failures, s.consecutive_crashes, jj.schedule_delay,
+                           s.jitter_us, jj.schedule = '@after' AS after_upstreams,
+                           pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority) AS start_key
+                      FROM pgsched.job_stat s
+                      JOIN pgsched.job jj ON jj.job_id = s.job_id
+                     WHERE s.state = 'scheduled'
+                       AND pgsched._due_at(s.job_id, s.next_start, s.jitter_us)
+                           <= pg_catalog.timezone('UTC', _claim_v2.now + ahead)
+                       AND pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority)
+                           <= pg_catalog.timezone('UTC', _claim_v2.now + ahead) + interval '3600 seconds'
+                       AND pg_catalog.isfinite(s.next_start)
+                       AND (jj.kind <> 'python' OR jj.code_module = ANY (code_modules))
+                       -- none is due (keyed is false); one due since is the full claim's to take
+                       AND s.concurrency_key IS NULL
+                     ORDER BY pgsched._start_key(s.job_id, s.next_start, s.jitter_us, s.priority), s.job_id
+                     LIMIT cardinality(worker_pids)
+                       FOR UPDATE OF s SKIP LOCKED) c
+        ), runs AS (
+            INSERT INTO pgsched.job_run_live AS r (job_id, plan_time, trigger, started_at, worker_pid, backend_pid,
+                                              instance_id, lease_token, heartbeat_at, jitter, concurrency_key)
+            SELECT d.job_id, d.plan_time,
+                   CASE WHEN d.after_upstreams THEN 'upstream' WHEN d.consecutive_failures > 0 THEN 'retry'
+                        ELSE 'schedule' END,
+                   greatest(_claim_v2.now, d.next_start + d.jitter_us * interval '1 microsecond'),
+                   worker_pids[d.n], backend_pids[d.n], instance_id,
+                   nextval('pgsched.lease_token_seq'), _claim_v2.now,
+                   CASE WHEN d.jitter_us > 0 THEN d.jitter_us * interval '1 microsecond' END, NULL
+              FROM due d
+             ORDER BY d.n
+            ON CONFLICT ON CONSTRAINT job_run_plan_key DO NOTHING
+            RETURNING r.run_id, r.job_id, r.scope, r.attempt, r.plan_time, r.started_at, r.lease_token, r.worker_pid,
+                      r.backend_pid
+        ), started AS (
+            -- one plan run per job: no scope runs here
+            UPDATE pgsched.job_stat s
+               SET state = 'starting', current_run_id = c.run_id, last_start = greatest(s.last_start, c.started_at),
+                   total_runs = s.total_runs + 1, total_crashes = s.total_crashes + 1,
+                   consecutive_crashes = s.consecutive_crashes + 1
+              FROM runs c
+             WHERE s.job_id = c.job_id
+            RETURNING s.job_id, s.state
+        ), conflicted AS (
+            UPDATE pgsched.job_stat s
+               SET next_start = CASE WHEN d.after_upstreams
+                                     THEN pgsched._delayed(s.upstream_backlog[1], d.schedule_delay) END,
+                   upstream_backlog = CASE WHEN d.after_upstreams THEN nullif(s.upstream_backlog[2:], '{}') END
+              FROM due d
+             WHERE s.job_id = d.job_id AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.job_id = d.job_id)
+            RETURNING s.job_id
+        )
+        SELECT c.run_id, c.job_id, c.scope, c.attempt, c.plan_time, c.started_at, c.lease_token, c.worker_pid,
+               c.backend_pid, d.consecutive_failures, d.consecutive_crashes,
+               v.job_name, v.kind, v.owner, v.proc_schema, v.proc_name, v.is_procedure, v.command, v.code_module,
+               v.code_function, v.config, v.schedule, v.months, v.days, v.micros, v.fixed_schedule, v.initial_start,
+               v.timezone, v.max_runtime_s, v.max_retries, v.retry_period_s, v.catch_up, v.catch_up_window_s,
+               v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
+               -- a keyed job is not due before `now + ahead` (keyed is false), so its key's room
+               -- does not matter to when it is due
+               (SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
+                  FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
+                 WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
+                   AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
+                   AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
+                 ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
+               clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
+               v.concurrency_key, v.depends_on,
+               v.history, v.success_retention_s, v.failure_retention_s
+          FROM runs c
+          JOIN due d ON d.job_id = c.job_id
+          LEFT JOIN started st ON st.job_id = c.job_id
+          JOIN pgsched._job_launch v ON v.job_id = c.job_id
+         ORDER BY c.plan_time, c.job_id, c.scope;
+        RETURN;
     END IF;
     RETURN QUERY
     WITH room AS (

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from tests.conftest import PgServer
-from tests.integration.helpers import SETUP_SQL, Conn
+from tests.integration.helpers import SETUP_SQL, Conn, snapshot
 
 
 @pytest.fixture
@@ -29,6 +29,15 @@ def module_api(pg_server: PgServer) -> Iterator[Conn]:
             yield c
     finally:
         pg_server.drop_db(name)
+
+
+@pytest.fixture
+def api_tx(module_api: Conn) -> Iterator[Conn]:
+    """The module's database, with everything a test writes rolled back."""
+    before = snapshot(module_api)
+    with module_api.transaction(force_rollback=True):
+        yield module_api
+    assert snapshot(module_api) == before
 
 
 @pytest.fixture

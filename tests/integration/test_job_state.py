@@ -7,7 +7,6 @@ pgsched/state.py's ALLOWED is only a mirror of that table: checked here against 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,21 +14,12 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgsched.state import ALLOWED, JobState
-from tests.integration.helpers import Conn, add_job, one, rows, scalar, snapshot, stats
+from tests.integration.helpers import Conn, add_job, one, rows, scalar, stats
 
 STATES = [str(s) for s in JobState]
 # A legal way from a new job (scheduled) to each state, written by hand.
 PATH = {"scheduled": [], "starting": ["starting"], "terminating": ["starting", "terminating"],
         "disabled": ["disabled"]}
-
-
-@pytest.fixture
-def api_tx(module_api: Conn) -> Iterator[Conn]:
-    """The module's database, with everything a test writes rolled back."""
-    before = snapshot(module_api)
-    with module_api.transaction(force_rollback=True):
-        yield module_api
-    assert snapshot(module_api) == before
 
 
 def error_of(conn: Conn, query: str, params: tuple[Any, ...] | None = None) -> psycopg.Error:
