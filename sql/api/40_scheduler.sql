@@ -268,12 +268,22 @@ BEGIN
                v.max_plans_per_tick, v.schedule_delay_s, v.allow_stale_reentry, v.scope_query,
                -- a keyed job is not due before `now + ahead` (keyed is false), so its key's room
                -- does not matter to when it is due
-               (SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
-                  FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
-                 WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
-                   AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
-                   AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
-                 ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
+               least((SELECT pg_catalog.timezone('UTC', pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us))
+                        FROM pgsched.job_stat s2 JOIN pgsched.job j2 ON j2.job_id = s2.job_id
+                       WHERE s2.state = 'scheduled' AND pg_catalog.isfinite(s2.next_start)
+                         AND (j2.kind <> 'python' OR j2.code_module = ANY (code_modules))
+                         AND NOT EXISTS (SELECT 1 FROM due d2 WHERE d2.job_id = s2.job_id)
+                       ORDER BY pgsched._due_at(s2.job_id, s2.next_start, s2.jitter_us) LIMIT 1),
+                     -- Queued runs, none when `queued` was read: these see the ones another
+                     -- instance's close committed since, so that this scheduler does not sleep past
+                     -- them (a claimable one: now, and the next claim takes the full statement).
+                     (SELECT _claim_v2.now FROM pgsched._claimable_scope_runs c2
+                       WHERE (c2.kind <> 'python' OR c2.code_module = ANY (code_modules))
+                         AND c2.plan_time <= _claim_v2.now
+                       LIMIT 1),
+                     (SELECT w.plan_time FROM pgsched._scope_retries w
+                       WHERE w.plan_time > _claim_v2.now AND (w.kind <> 'python' OR w.code_module = ANY (code_modules))
+                       ORDER BY w.plan_time LIMIT 1)),
                clock_timestamp(), v.scheduled, st.state, v.database, v.priority, v.exclude, v.jitter_s,
                v.concurrency_key, v.depends_on,
                v.history, v.success_retention_s, v.failure_retention_s
