@@ -201,11 +201,11 @@ def test_a_state_with_claims_takes_the_same_runs_by_both(api_tx: Conn) -> None:
 
 
 def test_a_conflict_of_an_after_job_and_a_keyed_job_next(api_tx: Conn) -> None:
-    """Two more fixed states: an @after job whose pending plan ran already takes the next plan of
-    its backlog (delayed as its schedule says), and a keyed job not yet due is when the next claim
-    is due, by both statements."""
+    """More fixed states: an @after job whose pending plan ran already takes the next plan of its
+    backlog (delayed as its schedule says), and a keyed job not yet due is when the next claim is
+    due, by both statements (a Python job of a module not served is not)."""
     jobs = [fixed_job(next=-8, backlog=3, ran_already=True, delay_s=3), fixed_job(next=-2),
-            fixed_job(next=12, keyed=True)]
+            fixed_job(next=12, keyed=True), fixed_job(next=5, kind="python m2")]
     with api_tx.transaction(force_rollback=True):
         instance = build(api_tx, jobs)
         usual, lean = claim_and_rows(api_tx, instance, 4, 0, [], inert_queue=False)
@@ -217,7 +217,8 @@ def test_a_conflict_of_an_after_job_and_a_keyed_job_next(api_tx: Conn) -> None:
     # the backlog's first plan (12:01), 3 s later as the job's delay says; the other two wait
     assert stats[0]["next_start"] == "2030-06-01T12:01:03+00:00"
     assert stats[0]["upstream_backlog"] == ["2030-06-01T12:02:00+00:00", "2030-06-01T12:03:00+00:00"]
-    assert {r["next_due"] for r in claimed} == {"2030-06-01T12:00:22+00:00"}  # 12 s, keyed: + 10 s
+    # the keyed job (12 s, drawn + 10 s); not the Python job at 5 s, whose module is not served here
+    assert {r["next_due"] for r in claimed} == {"2030-06-01T12:00:22+00:00"}
 
 
 @pytest.mark.parametrize(("state", "usual"), [
