@@ -74,6 +74,7 @@ def main(dsn: str) -> dict[str, Any]:
     ready = [wait_for(w, protocol.Ready) for w in workers]
     out["parent_is_us"] = [parent_of(w.pid) == os.getpid() for w in workers]
     out["own_session"] = [os.getsid(w.pid) == w.pid for w in workers]
+    out["batch"] = [os.sched_getscheduler(w.pid) == os.SCHED_BATCH for w in workers]
     role = str(ready[0].role)
     workers[0].send(run_message(role, 1))
     done = wait_for(workers[0], protocol.Done)

@@ -37,6 +37,7 @@ def test_forked_workers_are_the_launchers_children_in_their_own_sessions_and_run
     assert out["forked"] == [True, True]
     assert out["parent_is_us"] == [True, True]
     assert out["own_session"] == [True, True]
+    assert out["batch"] == [True, True]  # pgsched.worker._as_batch_task, in a forked worker too
     assert out["ran"] is True
     assert conn.execute("SELECT count(*) FROM ran").fetchone() == (1,)
     # kill -9 of a forked worker reads as it does for any worker; one let go exits cleanly.

@@ -75,6 +75,23 @@ def ran_on_a_new_session(w: Worker, conn: Conn, old_backend: int | None) -> None
     assert conn.execute("SELECT x FROM ran").fetchall() == [(backend[0].backend_pid,)]
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no scheduling policies on this system")
+def test_a_worker_is_a_batch_task(db: str, conn: Conn) -> None:
+    """A worker woken by a run handed to it must not preempt the scheduler handing out the others
+    (pgsched.worker._as_batch_task)."""
+    assert os.sched_getscheduler(0) != os.SCHED_BATCH  # the test runner's own is not: the worker sets it
+    w, _, role = connected_worker(db, conn)
+    try:
+        assert os.sched_getscheduler(w.pid) == os.SCHED_BATCH
+        w.send(insert_run(role))
+        done = [e for e in events(w, protocol.Done) if isinstance(e, protocol.Done)]
+        assert done[0].ok is True, done
+        assert os.sched_getscheduler(w.pid) == os.SCHED_BATCH
+    finally:
+        w.close_stdin()
+        launcher.reap(w, timeout=5)
+
+
 def test_a_run_handed_over_as_the_idle_session_dies_runs_on_a_new_session(db: str, conn: Conn) -> None:
     """A server restart closes an idle worker's session just as the scheduler gives it a run:
     nothing of the run has happened, so the worker reconnects and runs it (no crash)."""
