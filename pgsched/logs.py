@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from pythonjsonlogger.json import JsonEncoder, JsonFormatter
 
@@ -61,7 +61,9 @@ class HeldRecords:
     or when it has nothing else to do, not between a worker's report and the next claim. A record
     keeps the time it was made, so its ts is the event's; it may be written after a record made
     later in the same round. A scheduler killed with -9 loses the records it held (at most a
-    round's)."""
+    round's). Where setup()'s handler is the only one they reach, they go out as one write: a
+    write a record cost the scheduler a system call per run start and end (`cpu_split`, 2026-12-02:
+    1,267 runs/s against 1,391 with one write a round)."""
 
     # Held longer than this, they are written even when the scheduler has more to do at once.
     MAX_HOLD_S = 0.05
@@ -84,10 +86,60 @@ class HeldRecords:
         return bool(self.records) and time.monotonic() >= self._since + self.MAX_HOLD_S
 
     def write(self) -> None:
-        # One at a time off the front: a filter or handler that raises leaves the rest held.
         records = self.records
+        if not records:
+            return
+        handler = _sole_handler(self.logger)
+        if handler is not None:
+            self.records = []
+            handler.emit_all(records)
+            return
+        # One at a time off the front: a filter or handler that raises leaves the rest held.
         while records:
             self.logger.handle(records.pop(0))
+
+
+class LinesHandler(logging.StreamHandler[TextIO]):
+    """The handler setup() installs: a StreamHandler that can also write several records at once."""
+
+    def emit_all(self, records: list[logging.LogRecord]) -> None:
+        """Write `records` as one write and one flush: the held records of a round (a claim's
+        worth of run starts and ends) cost one system call instead of one each."""
+        lines = []
+        for record in records:
+            try:
+                lines.append(self.format(record) + self.terminator)
+            except Exception:
+                self.handleError(record)
+        if not lines:
+            return
+        self.acquire()
+        try:
+            self.stream.write("".join(lines))
+            self.stream.flush()
+        except Exception:
+            self.handleError(records[-1])
+        finally:
+            self.release()
+
+
+def _sole_handler(logger: logging.Logger) -> LinesHandler | None:
+    """The LinesHandler that every INFO record of `logger` would reach, and nothing else would:
+    no filter on the way, no other handler (pytest's caplog adds one). None: records go through
+    logger.handle."""
+    current: logging.Logger | None = logger
+    found: list[logging.Handler] = []
+    while current is not None:
+        if current.filters:
+            return None
+        found += current.handlers
+        if not current.propagate:
+            break
+        current = current.parent
+    if len(found) != 1 or not isinstance(found[0], LinesHandler):
+        return None
+    handler = found[0]
+    return handler if not handler.filters and handler.level <= logging.INFO else None
 
 
 class TextFormatter(logging.Formatter):
@@ -107,7 +159,7 @@ def setup(fmt: str = "text", level: str = "info") -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LinesHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(PgschedJsonFormatter())
     else:

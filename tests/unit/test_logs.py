@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -132,3 +133,62 @@ def test_watch_lines_escape_control_characters() -> None:
                        "plan_time": datetime(2026, 11, 29, tzinfo=UTC)})
     assert line == ("2026-11-29T00:00:00+00:00 job 3 (a\\x1b]0;x\\x07\\nb) run 9 attempt 1 FAILURE [P0001]: "
                     "two\\nlines")
+
+
+class _Stream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        return super().write(s)
+
+
+class _Bad:
+    def __str__(self) -> str:
+        raise RuntimeError("cannot print")
+
+
+def test_held_records_reaching_only_the_installed_handler_are_written_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held records go out in one write when setup()'s handler is the only one they reach; a
+    record that cannot be formatted is reported as logging reports it, and the rest are written."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    errors: list[logging.LogRecord] = []
+    try:
+        logs.setup("json", "info")
+        handler = root.handlers[0]
+        assert isinstance(handler, logs.LinesHandler)
+        stream = _Stream()
+        handler.setStream(stream)
+        monkeypatch.setattr(handler, "handleError", errors.append)
+        held = logs.HeldRecords(logging.getLogger("pgsched.scheduler"))
+        held.info("run start job=%s", 1, extra={"run_id": 5})
+        held.info("run start job=%s", _Bad(), extra={"run_id": 6})
+        held.info("run end job=%s", 1, extra={"run_id": 5, "outcome": "success"})
+        held.write()
+        assert stream.writes == 1 and held.records == []
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [(r["msg"], r["run_id"]) for r in lines] == [("run start job=1", 5), ("run end job=1", 5)]
+        assert [r.__dict__["run_id"] for r in errors] == [6]
+        # Another handler on the way (pytest's caplog, a user's): one record at a time, to both.
+        other = _Collect()
+        root.addHandler(other)
+        held.info("run start job=%s", 2, extra={"run_id": 7})
+        held.info("run end job=%s", 2, extra={"run_id": 7, "outcome": "success"})
+        held.write()
+        assert stream.writes == 3 and [r.getMessage() for r in other.records] == ["run start job=2", "run end job=2"]
+        root.removeHandler(other)
+        # A filter on the way is applied: the record it drops is not written.
+        logging.getLogger("pgsched.scheduler").addFilter(lambda r: r.__dict__.get("run_id") != 8)
+        held.info("run start job=%s", 3, extra={"run_id": 8})
+        held.info("run start job=%s", 3, extra={"run_id": 9})
+        held.write()
+        assert [json.loads(line)["run_id"] for line in stream.getvalue().splitlines()][-1] == 9
+        assert stream.writes == 4
+    finally:
+        logging.getLogger("pgsched.scheduler").filters.clear()
+        root.handlers[:], level = saved
+        root.setLevel(level)
