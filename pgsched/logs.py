@@ -127,6 +127,8 @@ def _sole_handler(logger: logging.Logger) -> LinesHandler | None:
     """The LinesHandler that every INFO record of `logger` would reach, and nothing else would:
     no filter on the way, no other handler (pytest's caplog adds one). None: records go through
     logger.handle."""
+    if logger.disabled:
+        return None
     current: logging.Logger | None = logger
     found: list[logging.Handler] = []
     while current is not None:

@@ -188,7 +188,14 @@ def test_held_records_reaching_only_the_installed_handler_are_written_at_once(
         held.write()
         assert [json.loads(line)["run_id"] for line in stream.getvalue().splitlines()][-1] == 9
         assert stream.writes == 4
+        # A logger that logging.config disabled writes nothing, as Logger.handle would.
+        logging.getLogger("pgsched.scheduler").disabled = True
+        held.records.append(logging.getLogger("pgsched.scheduler").makeRecord(
+            "pgsched.scheduler", logging.INFO, "(unknown file)", 0, "run start job=%s", (4,), None))
+        held.write()
+        assert stream.writes == 4 and held.records == []
     finally:
+        logging.getLogger("pgsched.scheduler").disabled = False
         logging.getLogger("pgsched.scheduler").filters.clear()
         root.handlers[:], level = saved
         root.setLevel(level)
