@@ -106,19 +106,25 @@ class LinesHandler(logging.StreamHandler[TextIO]):
         """Write `records` as one write and one flush: the held records of a round (a claim's
         worth of run starts and ends) cost one system call instead of one each."""
         lines = []
+        last: logging.LogRecord | None = None
         for record in records:
             try:
                 lines.append(self.format(record) + self.terminator)
+                last = record
+            except RecursionError:  # as StreamHandler.emit: not a record's fault
+                raise
             except Exception:
                 self.handleError(record)
-        if not lines:
+        if last is None:
             return
         self.acquire()
         try:
             self.stream.write("".join(lines))
-            self.stream.flush()
+            self.flush()
+        except RecursionError:
+            raise
         except Exception:
-            self.handleError(records[-1])
+            self.handleError(last)
         finally:
             self.release()
 
@@ -126,7 +132,8 @@ class LinesHandler(logging.StreamHandler[TextIO]):
 def _sole_handler(logger: logging.Logger) -> LinesHandler | None:
     """The LinesHandler that every INFO record of `logger` would reach, and nothing else would:
     no filter on the way, no other handler (pytest's caplog adds one). None: records go through
-    logger.handle."""
+    logger.handle. (A logger class of a program's own, logging.setLoggerClass, whose handle or
+    callHandlers does more is not consulted: pgsched's command line installs none.)"""
     if logger.disabled:
         return None
     current: logging.Logger | None = logger

@@ -88,10 +88,14 @@ def _as_batch_task() -> None:
     a core with the rest of the claim in hand, once per run, while the runs it had not handed out
     yet waited with it. A batch task never preempts on waking: it takes a free core, or waits for
     the running task to block or use its slice. Inherited by what a run starts (a Python job's
-    subprocesses). A system that refuses the policy leaves the worker as it was.
+    subprocesses). Only the default policy is changed: one the scheduler was started with on
+    purpose (`chrt`, systemd's CPUSchedulingPolicy) is kept, and a system that refuses the policy
+    or has none leaves the worker as it was.
     """
-    if hasattr(os, "sched_setscheduler"):
-        with contextlib.suppress(OSError):
+    if not (hasattr(os, "SCHED_BATCH") and hasattr(os, "sched_setscheduler")):
+        return
+    with contextlib.suppress(OSError):
+        if os.sched_getscheduler(0) == os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 

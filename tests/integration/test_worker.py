@@ -75,11 +75,12 @@ def ran_on_a_new_session(w: Worker, conn: Conn, old_backend: int | None) -> None
     assert conn.execute("SELECT x FROM ran").fetchall() == [(backend[0].backend_pid,)]
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no scheduling policies on this system")
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH on this system")
 def test_a_worker_is_a_batch_task(db: str, conn: Conn) -> None:
     """A worker woken by a run handed to it must not preempt the scheduler handing out the others
     (pgsched.worker._as_batch_task)."""
-    assert os.sched_getscheduler(0) != os.SCHED_BATCH  # the test runner's own is not: the worker sets it
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+        pytest.skip("the test runner does not run with the default policy: a worker keeps what it inherits")
     w, _, role = connected_worker(db, conn)
     try:
         assert os.sched_getscheduler(w.pid) == os.SCHED_BATCH

@@ -153,10 +153,18 @@ class _Bad:
 def test_held_records_reaching_only_the_installed_handler_are_written_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Held records go out in one write when setup()'s handler is the only one they reach; a
-    record that cannot be formatted is reported as logging reports it, and the rest are written."""
+    record that cannot be formatted is reported as logging reports it, and the rest are written;
+    whatever logging would apply on the way (a filter, a level, another handler, a disabled
+    logger) sends them one at a time through Logger.handle, which applies it."""
     root = logging.getLogger()
-    saved = root.handlers[:], root.level
+    scheduler = logging.getLogger("pgsched.scheduler")
+    saved = (root.handlers[:], root.level, logging._srcfile, logging.logThreads, logging.logProcesses,
+             logging.logMultiprocessing)
     errors: list[logging.LogRecord] = []
+
+    def written() -> list[int]:
+        return [json.loads(line)["run_id"] for line in stream.getvalue().splitlines()]
+
     try:
         logs.setup("json", "info")
         handler = root.handlers[0]
@@ -164,7 +172,7 @@ def test_held_records_reaching_only_the_installed_handler_are_written_at_once(
         stream = _Stream()
         handler.setStream(stream)
         monkeypatch.setattr(handler, "handleError", errors.append)
-        held = logs.HeldRecords(logging.getLogger("pgsched.scheduler"))
+        held = logs.HeldRecords(scheduler)
         held.info("run start job=%s", 1, extra={"run_id": 5})
         held.info("run start job=%s", _Bad(), extra={"run_id": 6})
         held.info("run end job=%s", 1, extra={"run_id": 5, "outcome": "success"})
@@ -181,21 +189,35 @@ def test_held_records_reaching_only_the_installed_handler_are_written_at_once(
         held.write()
         assert stream.writes == 3 and [r.getMessage() for r in other.records] == ["run start job=2", "run end job=2"]
         root.removeHandler(other)
-        # A filter on the way is applied: the record it drops is not written.
-        logging.getLogger("pgsched.scheduler").addFilter(lambda r: r.__dict__.get("run_id") != 8)
-        held.info("run start job=%s", 3, extra={"run_id": 8})
-        held.info("run start job=%s", 3, extra={"run_id": 9})
+        # A filter on the logger, on the handler, a level on the handler, a logger that does not
+        # propagate to it, a disabled logger: what they drop is not written.
+        for drop in ("logger filter", "handler filter", "handler level", "no propagation", "disabled"):
+            if drop == "logger filter":
+                scheduler.addFilter(lambda r: r.__dict__.get("run_id") != 8)
+            elif drop == "handler filter":
+                handler.addFilter(lambda r: r.__dict__.get("run_id") != 8)
+            elif drop == "handler level":
+                handler.setLevel(logging.WARNING)
+            elif drop == "no propagation":
+                scheduler.propagate = False
+            held.info("run start job=%s", 3, extra={"run_id": 8})
+            if drop == "disabled":
+                scheduler.disabled = True  # logging.config's doing, after the record was held
+            before = written()
+            held.write()
+            assert written() == before and held.records == [], drop
+            scheduler.filters.clear()
+            handler.filters.clear()
+            handler.setLevel(logging.NOTSET)
+            scheduler.propagate = True
+            scheduler.disabled = False
+        held.info("run start job=%s", 4, extra={"run_id": 9})
         held.write()
-        assert [json.loads(line)["run_id"] for line in stream.getvalue().splitlines()][-1] == 9
-        assert stream.writes == 4
-        # A logger that logging.config disabled writes nothing, as Logger.handle would.
-        logging.getLogger("pgsched.scheduler").disabled = True
-        held.records.append(logging.getLogger("pgsched.scheduler").makeRecord(
-            "pgsched.scheduler", logging.INFO, "(unknown file)", 0, "run start job=%s", (4,), None))
-        held.write()
-        assert stream.writes == 4 and held.records == []
+        assert written() == [5, 5, 7, 7, 9]
     finally:
-        logging.getLogger("pgsched.scheduler").disabled = False
-        logging.getLogger("pgsched.scheduler").filters.clear()
-        root.handlers[:], level = saved
+        scheduler.filters.clear()
+        scheduler.propagate = True
+        scheduler.disabled = False
+        (root.handlers[:], level, logging._srcfile, logging.logThreads, logging.logProcesses,
+         logging.logMultiprocessing) = saved
         root.setLevel(level)
