@@ -55,6 +55,23 @@ def database_dsn(dsn: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
 
 
+def default_workers(dsn: str) -> int:
+    """The launcher's default --max-workers, shared by its databases: the machine's, within the
+    share of the cluster's connections one instance takes (settings.default_max_workers); the
+    machine's alone when the cluster cannot be reached yet."""
+    from pgsched.settings import default_max_workers
+    from pgsched.store import CONNECTION_BUDGET
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5, application_name="pgsched launcher") as conn:
+            row = conn.execute(f"SELECT {CONNECTION_BUDGET}").fetchone()
+    except psycopg.Error as e:
+        log.warning("launcher: cannot read the cluster's max_connections (%s): %d workers, the machine's default",
+                    str(e).strip().splitlines()[0] if str(e) else e, default_max_workers())
+        return default_max_workers()
+    return default_max_workers(connections=int(row[0]) if row else None)
+
+
 def installed_databases(dsn: str) -> list[str]:
     """The databases of the cluster at `dsn` that accept connections and have pgsched installed.
 

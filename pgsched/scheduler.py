@@ -29,7 +29,7 @@ from pgsched import __version__, app, catchup, dispatch, launcher, schedule
 from pgsched.config import redact
 from pgsched.errors import DeployError, SchemaVersionMismatch, first_line
 from pgsched.requests import Requests
-from pgsched.settings import Settings
+from pgsched.settings import Settings, default_max_workers
 from pgsched.state import log_change, unusable
 from pgsched.store import Store
 
@@ -238,6 +238,7 @@ class Scheduler(Requests):
             # outside the API window (pgsched/api.py) this raises, and `serve` stops with its message.
             store.check_version()
             self.store = store
+            self._fit_workers_to_server()
             # Registered by number: once libpq drops a lost connection, conn.fileno() raises,
             # so _lost_connection could not name the socket any other way.
             self._db_fd = store.fileno()
@@ -265,6 +266,16 @@ class Scheduler(Requests):
             if startup:
                 raise
             self._lost_connection(e)
+
+    def _fit_workers_to_server(self) -> None:
+        """The default worker count (none was set) within the connected server's share
+        (settings.default_max_workers): read by the store's first statement, before any worker
+        starts."""
+        if self.store is None or not self.settings.workers_from_machine:
+            return
+        fitted = default_max_workers(connections=self.store.connection_budget)
+        if fitted != self.settings.max_workers:
+            self.settings = replace(self.settings, max_workers=fitted)
 
     def _connection_gone(self, e: psycopg.Error) -> bool:
         """Whether `e` lost the connection. psycopg raises OperationalError for a lock timeout or a
@@ -296,7 +307,9 @@ class Scheduler(Requests):
         if first:
             self.instance_id = self.store.register_instance(socket.gethostname(), os.getpid(), __version__,
                                                             self.settings.max_workers)
-            log.info("scheduler instance %s started (max_workers=%s)", self.instance_id, self.settings.max_workers)
+            log.info("scheduler instance %s started (max_workers=%s%s)", self.instance_id, self.settings.max_workers,
+                     f", the default for this machine and a server of {self.store.connection_budget} connections"
+                     if self.settings.workers_from_machine else "")
             # Its own thread and connection, from the first time the server takes writes on.
             self._purger.start()
         else:
@@ -424,6 +437,7 @@ class Scheduler(Requests):
             log.error("SIGHUP: settings not reloaded: %s", e)
             return
         self.settings = replace(new, dsn=self.settings.dsn)
+        self._fit_workers_to_server()
         self._purger.every = self.settings.purge_interval  # from its next look on
         log.info("SIGHUP: settings reloaded (max_workers=%s)", self.settings.max_workers)
         live = [w for w in self.workers.values() if not w.retiring]

@@ -8,21 +8,29 @@ from dataclasses import dataclass, field
 from pgsched.errors import ConfigError
 
 # serve's default --max-workers: this many per CPU core of the scheduler's machine, at most
-# MAX_DEFAULT_WORKERS. More idle workers make each claim larger, and a claim costs the database
-# and the scheduler nearly as much for 16 runs as for 4 (README "Performance", issue 13); each
-# worker holds a connection, so the default stays within what a server with PostgreSQL's
-# default max_connections (100) has room for, for a few instances.
-WORKERS_PER_CORE = 8
-MAX_DEFAULT_WORKERS = 16
+# MAX_DEFAULT_WORKERS, and at most a SERVER_SHARE-th of the connections the server has for
+# ordinary sessions (max_connections less the reserved ones: a quarter of PostgreSQL's default
+# 100 is 24). More idle workers make each claim larger, a claim costs the database and the
+# scheduler nearly as much for 32 runs as for 16, and workers waiting on their job's commit
+# leave the cores to the others (README "Performance", issue 13); each worker holds a
+# connection, hence the server's share.
+WORKERS_PER_CORE = 16
+MAX_DEFAULT_WORKERS = 32
+SERVER_SHARE = 4
 # serve --worker-sessions: each is a connection a worker may hold.
 MAX_WORKER_SESSIONS = 64
 
 
-def default_max_workers(cores: int | None = None) -> int:
-    """The default max_workers for a machine with `cores` CPU cores (None: the cores this process may use)."""
+def default_max_workers(cores: int | None = None, connections: int | None = None) -> int:
+    """The default max_workers for a machine with `cores` CPU cores (None: the cores this process
+    may use) and a server with `connections` connections for ordinary sessions (None: not known
+    yet; Store.connection_budget reads it)."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_DEFAULT_WORKERS, WORKERS_PER_CORE * cores))
+    workers = min(MAX_DEFAULT_WORKERS, WORKERS_PER_CORE * cores)
+    if connections is not None:
+        workers = min(workers, connections // SERVER_SHARE)
+    return max(1, workers)
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class Settings:
 
     dsn: str
     max_workers: int = field(default_factory=default_max_workers)
+    # Neither the command line nor the settings file set max_workers: the scheduler caps the
+    # machine's default by the server's connections once it is connected (default_max_workers).
+    workers_from_machine: bool = False
     shutdown_timeout: float = 30.0
     crash_wait: float = 300.0  # after a scheduler start, a crashed job waits this long before running again
     safety_interval: float = 30.0  # re-read the catalog at least this often, NOTIFY or not

@@ -38,6 +38,11 @@ from pgsched.state import AbandonedCause
 log = logging.getLogger("pgsched.store")
 
 CHANNEL = "pgsched_catalog"
+# The connections the server has for ordinary sessions: max_connections less those reserved for
+# superusers and (PostgreSQL 16+) for roles with pg_use_reserved_connections.
+CONNECTION_BUDGET = ("pg_catalog.current_setting('max_connections')::integer"
+                     " - pg_catalog.current_setting('superuser_reserved_connections')::integer"
+                     " - coalesce(pg_catalog.current_setting('reserved_connections', true)::integer, 0)")
 # trigger_job and cancel_job wake the schedulers with 'request:<request_id>' (sql/api/50_requests.sql):
 # a wake-up only, for anyone may send it; the request is the row, read by Store.read_requests.
 REQUEST_PREFIX = "request:"
@@ -238,8 +243,11 @@ class Store:
         # A standby refuses LISTEN (it cannot queue notifications): the scheduler
         # calls listen() when the server is promoted.
         self.listening = False
-        row = self.conn.execute("SELECT pg_catalog.pg_is_in_recovery() AS r").fetchone()
-        if not (row and row["r"]):
+        row = self.conn.execute(f"SELECT pg_catalog.pg_is_in_recovery() AS r, {CONNECTION_BUDGET} AS budget").fetchone()
+        assert row is not None
+        # Read with the first statement, so that the default worker count costs no round trip.
+        self.connection_budget: int = row["budget"]
+        if not row["r"]:
             self.listen()
         # Every call below is one autocommit statement, i.e. one transaction: counted
         # so that the scheduler can report its transactions per run.

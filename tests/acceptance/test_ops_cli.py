@@ -20,7 +20,8 @@ import pytest
 from psycopg import sql
 
 from pgsched.settings import default_max_workers
-from tests.acceptance.conftest import ServeFactory, wait_for
+from pgsched.store import CONNECTION_BUDGET
+from tests.acceptance.conftest import ServeFactory, query, wait_for
 from tests.acceptance.test_serve import FAST, SETUP_SQL, add_job, history, stats
 
 FAIL_SQL = """CREATE FUNCTION public.fail(job_id int, config jsonb) RETURNS void LANGUAGE plpgsql
@@ -176,7 +177,9 @@ def test_trigger_cancel_status_instances_and_environment(dsn: str, serve: ServeF
 
     inst = ok_json("instances", "--dsn", dsn)
     assert len(inst) == 1 and inst[0]["alive"] and inst[0]["pid"] == s.pid
-    assert inst[0]["max_workers"] == default_max_workers()  # serve's default: the machine's
+    # serve's default: the machine's, within a quarter of the server's connections
+    budget = query(dsn, f"SELECT {CONNECTION_BUDGET} AS n")[0]["n"]
+    assert inst[0]["max_workers"] == default_max_workers(connections=budget)
     st = cli("status", "--dsn", dsn, "--json")
     assert st.returncode == 0, st.stdout + st.stderr
     body = json.loads(st.stdout)

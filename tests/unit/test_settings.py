@@ -14,9 +14,17 @@ def test_the_defaults_are_consistent() -> None:
     assert s.max_workers == default_max_workers()
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(1, 8), (2, 16), (3, 16), (64, 16), (0, 1)])
-def test_the_default_worker_count_is_eight_per_core_at_most_sixteen(cores: int, workers: int) -> None:
+@pytest.mark.parametrize(("cores", "workers"), [(1, 16), (2, 32), (3, 32), (64, 32), (0, 1)])
+def test_the_default_worker_count_is_sixteen_per_core_at_most_thirty_two(cores: int, workers: int) -> None:
     assert default_max_workers(cores) == workers
+
+
+@pytest.mark.parametrize(("cores", "connections", "workers"),
+                         [(2, 97, 24), (2, 297, 32), (1, 97, 16), (2, 20, 5), (2, 3, 1), (8, 0, 1)])
+def test_the_default_worker_count_takes_at_most_a_quarter_of_the_servers_connections(
+        cores: int, connections: int, workers: int) -> None:
+    # 97: PostgreSQL's default max_connections (100) less its 3 superuser_reserved_connections.
+    assert default_max_workers(cores, connections) == workers
 
 
 @pytest.mark.parametrize(("heartbeat", "dead_after"), [(5.0, 10.0), (2.0, 2.0), (0.5, 1.0)])

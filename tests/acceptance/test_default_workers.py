@@ -1,0 +1,104 @@
+"""serve's default worker count (issue 13): the machine's (settings.default_max_workers), within a
+quarter of the server's connections; a count set on the command line or in the settings file is
+taken as it is.
+
+A cluster of its own with max_connections = 40 (37 for ordinary sessions: 3 are the superusers'),
+so the server's share, 9, is below any machine's default (16 a core).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgsched import migrate
+from pgsched.embedded import Cluster
+from tests.acceptance.conftest import ServeFactory, query, wait_for
+
+SHARE = 9  # (40 - 3) // 4
+
+
+@pytest.fixture
+def small() -> Iterator[Cluster]:
+    if os.environ.get("PGSCHED_TEST_DSN"):
+        pytest.skip("PGSCHED_TEST_DSN names an external server: the test needs a cluster of its own")
+    tmp = Path(tempfile.mkdtemp(prefix="pgsched-workers-"))
+    os.chmod(tmp, 0o755)
+    c = Cluster(datadir=tmp / "data", settings={"fsync": "off", "max_connections": "40"})
+    try:
+        c.initdb()
+        c.start()
+        c.wait_ready()
+        with psycopg.connect(c.dsn(), autocommit=True) as conn:
+            migrate.init(conn)
+        yield c
+    finally:
+        c.destroy()
+
+
+def max_workers(dsn: str, instance_id: int) -> int:
+    return int(query(dsn, "SELECT max_workers FROM pgsched.instance WHERE instance_id = %s", (instance_id,))[0]
+               ["max_workers"])
+
+
+def worker_sessions(dsn: str) -> int:
+    return int(query(dsn, "SELECT count(*) AS n FROM pg_catalog.pg_stat_activity "
+                          "WHERE application_name = 'pgsched worker idle'")[0]["n"])
+
+
+def test_the_default_takes_a_quarter_of_the_servers_connections_and_a_set_count_is_kept(
+        small: Cluster, serve: ServeFactory, tmp_path: Path) -> None:
+    dsn = small.dsn()
+    s = serve(dsn)
+    assert max_workers(dsn, s.wait_instance()) == SHARE
+    # As many workers connect, no more: the server keeps the rest of its connections.
+    wait_for(lambda: worker_sessions(dsn) == SHARE or None, 15, f"{SHARE} workers connected")
+    assert worker_sessions(dsn) == SHARE
+    assert f"(max_workers={SHARE}, the default for this machine and a server of 37 connections)" in s.log()
+    s.signal(signal.SIGTERM)
+    assert s.wait_exit(30) == 0
+
+    explicit = serve(dsn, "--max-workers", "12")
+    assert max_workers(dsn, explicit.wait_instance()) == 12
+    assert "(max_workers=12)" in explicit.log()
+    explicit.signal(signal.SIGTERM)
+    assert explicit.wait_exit(30) == 0
+
+    # A settings file's max_workers is a count set too; taken out again at a reload, the default
+    # within the server's share comes back.
+    config = tmp_path / "pgsched.toml"
+    config.write_text("max_workers = 3\n")
+    filed = serve(dsn, "--config", str(config))
+    instance = filed.wait_instance()
+    assert max_workers(dsn, instance) == 3
+    config.write_text("crash_wait = 1.0\n")
+    filed.signal(signal.SIGHUP)
+    filed.wait_log(f"SIGHUP: settings reloaded (max_workers={SHARE})", 10)
+    wait_for(lambda: max_workers(dsn, instance) == SHARE or None, 15, "the heartbeat to record the new count")
+    filed.signal(signal.SIGTERM)
+    assert filed.wait_exit(30) == 0
+
+
+def test_all_databases_shares_the_default_within_the_servers_connections(small: Cluster, tmp_path: Path) -> None:
+    log = tmp_path / "launcher.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn", small.dsn()],
+                                stdout=out, stderr=out, start_new_session=True)
+    try:
+        wait_for(lambda: query(small.dsn(), "SELECT max_workers FROM pgsched.instance WHERE stopped_at IS NULL")
+                 or None, 30, "the database's scheduler")
+        assert [r["max_workers"] for r in query(small.dsn(), "SELECT max_workers FROM pgsched.instance "
+                                                             "WHERE stopped_at IS NULL")] == [SHARE]
+        assert f"{SHARE} workers in all" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()[-3000:]
