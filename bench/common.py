@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import compileall
 import functools
+import inspect
 import json
 import os
 import signal
@@ -33,13 +34,20 @@ PGSCHED = str(Path(sys.executable).parent / "pgsched")
 TREE = Path(pgsched.__file__).resolve().parent.parent
 
 
+# The benches' clusters have PostgreSQL's default max_connections, 3 of them reserved for
+# superusers (superuser_reserved_connections' default): what serve's default worker count
+# takes its share of.
+MAX_CONNECTIONS = 100
+RESERVED_CONNECTIONS = 3
+
+
 @contextmanager
 def cluster(*, install: bool = True, settings: dict[str, str] | None = None) -> Iterator[tuple[Cluster, str]]:
     """A throwaway cluster with bench_start, noop and mark, and (install) this checkout's schema;
     `settings`: more server settings."""
     tmp = tempfile.mkdtemp(prefix="pgsched-bench-")
     os.chmod(tmp, 0o755)
-    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": "100", **(settings or {})})
+    c = Cluster(datadir=Path(tmp) / "data", settings={"max_connections": str(MAX_CONNECTIONS), **(settings or {})})
     c.initdb()
     c.start()
     c.wait_ready()
@@ -72,12 +80,15 @@ def worktree(ref: str) -> Iterator[Path]:
 
 
 def serve_default_workers() -> int:
-    """`serve`'s own default --max-workers in the tree measured (8 before it came from the machine)."""
+    """`serve`'s own default --max-workers in the tree measured on a cluster() (8 before it came
+    from the machine; from the server's connections too since 2026-12-03)."""
     try:
         from pgsched.settings import default_max_workers
     except ImportError:
         return 8
-    return default_max_workers()
+    if "connections" not in inspect.signature(default_max_workers).parameters:
+        return default_max_workers()
+    return default_max_workers(connections=MAX_CONNECTIONS - RESERVED_CONNECTIONS)
 
 
 @functools.cache

@@ -200,7 +200,8 @@ def _embedded_dsn() -> str:
 @main.command()
 @dsn_option
 @click.option("--max-workers", type=click.IntRange(1, 1000), default=None,
-              help="Runs at once (default 8 per CPU core, at most 16).")
+              help="Runs at once (default 16 per CPU core, at most 32 and at most a quarter of the "
+                   "server's connections).")
 @click.option("--worker-sessions", type=click.IntRange(1, MAX_WORKER_SESSIONS), default=None,
               help="Sessions each worker keeps, one per job owner and database it ran lately (default 4).")
 @click.option("--shutdown-timeout", type=Seconds(0), default=None,
