@@ -78,7 +78,7 @@ def one_round(workers: int, seconds: float, dependencies: bool) -> dict[str, Any
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=None,
-                    help="serve --max-workers (default: serve's own, 8 per CPU core, at most 16)")
+                    help="serve --max-workers (default: serve's own on a cluster of 100 connections)")
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the measure (default 20)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds, each on a fresh cluster (default 1)")
     ap.add_argument("--dependencies", action="store_true",

@@ -119,7 +119,7 @@ def scraped(http: bool) -> Iterator[list[str]]:
 # must stay as fast). --jitter: half of them (the odd ids) with a jitter of 10 ms (the lag counts
 # from the delayed start, so that it measures the scheduler, not the delay asked for).
 # --concurrency: half of them (the odd ids) on one concurrency key with a limit of 100, so every
-# claim takes the key's lock and counts its runs, and the limit never binds (16 workers or fewer).
+# claim takes the key's lock and counts its runs, and the limit never binds (32 workers or fewer).
 # --dependencies: half of them (the odd ids) run after the job before them (an even id). In throughput,
 # with no schedule of their own ('@after': each success of the upstream gives the dependent a plan, due at
 # once, which the claim starts like a scheduled job's); in lag, keeping their schedule (each plan
@@ -548,7 +548,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="with --http both: how many off/on pairs")
     ap.add_argument("--workers", type=int, default=None,
                     help="serve --max-workers of every scenario but mixed (default: serve's own, "
-                         "8 per CPU core, at most 16)")
+                         "on a cluster of 100 connections: 24 on this machine)")
     ap.add_argument("--priorities", action="store_true",
                     help="lag and throughput: half the jobs at priority 10 (the setting used, not left at 0)")
     ap.add_argument("--exclude", action="store_true",

@@ -274,7 +274,7 @@ def serve(dsn: str | None, max_workers: int | None, worker_sessions: int | None,
 
         def load() -> Settings:
             given = {**(read_settings_file(config_file) if config_file else {}), **cli_values}
-            return Settings(dsn=target or "", workers_from_machine="max_workers" not in given,
+            return Settings(dsn=target or "", max_workers_default="max_workers" not in given,
                             **given)  # type: ignore[arg-type]
 
         scheduler = Scheduler(load())
@@ -301,14 +301,19 @@ def _serve_all_databases(dsn: str, max_workers: int | None, worker_sessions: int
                          apps: tuple[str, ...]) -> None:
     """`serve --all-databases`: the launcher (pgsched/multidb.py), each database's scheduler started with
     this command's other options and its share of --max-workers."""
-    from pgsched.multidb import Launcher, default_workers
+    from pgsched.config import read_settings_file
+    from pgsched.multidb import Launcher
 
     passed = [*(["--worker-sessions", str(worker_sessions)] if worker_sessions is not None else []),
               *(["--shutdown-timeout", str(shutdown_timeout)] if shutdown_timeout is not None else []),
               *(["--crash-wait", str(crash_wait)] if crash_wait is not None else []),
               *(["--config", config_file] if config_file else []),
               "--log-level", log_level, *(a for app in apps for a in ("--app", app))]
-    launcher = Launcher(dsn, max_workers or default_workers(dsn), passed, log_format=log_format)
+    if max_workers is None and config_file:
+        # The file's count is the launcher's total: each scheduler gets its share on its command line.
+        filed = read_settings_file(config_file).get("max_workers")
+        max_workers = int(filed) if isinstance(filed, int) else None
+    launcher = Launcher(dsn, max_workers, passed, log_format=log_format)
     launcher.install_signal_handlers()
     launcher.run()
 

@@ -55,20 +55,21 @@ def database_dsn(dsn: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
 
 
-def default_workers(dsn: str) -> int:
+def default_workers(dsn: str) -> int | None:
     """The launcher's default --max-workers, shared by its databases: the machine's, within the
-    share of the cluster's connections one instance takes (settings.default_max_workers); the
-    machine's alone when the cluster cannot be reached yet."""
+    share of the cluster's connections one instance takes (settings.default_max_workers). None
+    while the cluster cannot be reached: the launcher asks again at its next look."""
     from pgsched.settings import default_max_workers
     from pgsched.store import CONNECTION_BUDGET
 
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5, application_name="pgsched launcher") as conn:
+            pin_search_path(conn)
             row = conn.execute(f"SELECT {CONNECTION_BUDGET}").fetchone()
     except psycopg.Error as e:
-        log.warning("launcher: cannot read the cluster's max_connections (%s): %d workers, the machine's default",
-                    str(e).strip().splitlines()[0] if str(e) else e, default_max_workers())
-        return default_max_workers()
+        log.warning("launcher: cannot read the cluster's max_connections, for the default worker count (%s)",
+                    str(e).strip().splitlines()[0] if str(e) else e)
+        return None
     return default_max_workers(connections=int(row[0]) if row else None)
 
 
@@ -110,10 +111,10 @@ class Child:
 class Launcher:
     """Runs and follows one scheduler process per database (see the module docstring)."""
 
-    def __init__(self, dsn: str, max_workers: int, serve_args: Sequence[str] = (), poll: float = 5.0,
+    def __init__(self, dsn: str, max_workers: int | None, serve_args: Sequence[str] = (), poll: float = 5.0,
                  log_format: str = "text") -> None:
         self.dsn = dsn
-        self.max_workers = max_workers
+        self.max_workers = max_workers  # None: the default, read from the cluster (default_workers)
         self.serve_args = list(serve_args)
         self.poll = poll
         self.log_format = log_format
@@ -123,10 +124,18 @@ class Launcher:
 
     # -- the loop --------------------------------------------------------------------
     def run(self) -> None:
-        log.info("launcher: one scheduler per database of %s, %d workers in all", redact(self.dsn), self.max_workers)
+        said = False
         while not self._stop.is_set():
+            if self.max_workers is None:
+                self.max_workers = default_workers(self.dsn)
+            if self.max_workers is not None and not said:
+                said = True
+                log.info("launcher: one scheduler per database of %s, %d workers in all", redact(self.dsn),
+                         self.max_workers)
             try:
-                wanted = installed_databases(self.dsn)
+                # Not before the worker count is known: a child started with the machine's count
+                # could take more of the cluster's connections than its share.
+                wanted = installed_databases(self.dsn) if self.max_workers is not None else None
             except psycopg.Error as e:
                 log.warning("launcher: cannot list the databases (%s); retrying", str(e).strip().splitlines()[0])
                 wanted = None
@@ -146,6 +155,7 @@ class Launcher:
 
     # -- reconciling -------------------------------------------------------------------
     def _reconcile(self, wanted: list[str]) -> None:
+        assert self.max_workers is not None  # run() lists the databases only once it is known
         target = shares(self.max_workers, wanted)
         for name, child in list(self.children.items()):
             if child.stopping:

@@ -238,7 +238,11 @@ class Scheduler(Requests):
             # outside the API window (pgsched/api.py) this raises, and `serve` stops with its message.
             store.check_version()
             self.store = store
+            was = self.settings.max_workers
             self._fit_workers_to_server()
+            if self.instance_id is not None and self.settings.max_workers != was:
+                log.info("max_workers=%s, the default for this machine and a server of %s connections (was %s)",
+                         self.settings.max_workers, store.connection_budget, was)
             # Registered by number: once libpq drops a lost connection, conn.fileno() raises,
             # so _lost_connection could not name the socket any other way.
             self._db_fd = store.fileno()
@@ -269,13 +273,14 @@ class Scheduler(Requests):
 
     def _fit_workers_to_server(self) -> None:
         """The default worker count (none was set) within the connected server's share
-        (settings.default_max_workers): read by the store's first statement, before any worker
-        starts."""
-        if self.store is None or not self.settings.workers_from_machine:
+        (settings.default_max_workers), at every connect and reload: before any worker starts, and
+        after a server restart that changed max_connections."""
+        if self.store is None or not self.settings.max_workers_default:
             return
         fitted = default_max_workers(connections=self.store.connection_budget)
         if fitted != self.settings.max_workers:
             self.settings = replace(self.settings, max_workers=fitted)
+            self._retire_surplus_workers()
 
     def _connection_gone(self, e: psycopg.Error) -> bool:
         """Whether `e` lost the connection. psycopg raises OperationalError for a lock timeout or a
@@ -309,7 +314,7 @@ class Scheduler(Requests):
                                                             self.settings.max_workers)
             log.info("scheduler instance %s started (max_workers=%s%s)", self.instance_id, self.settings.max_workers,
                      f", the default for this machine and a server of {self.store.connection_budget} connections"
-                     if self.settings.workers_from_machine else "")
+                     if self.settings.max_workers_default else "")
             # Its own thread and connection, from the first time the server takes writes on.
             self._purger.start()
         else:
@@ -440,6 +445,11 @@ class Scheduler(Requests):
         self._fit_workers_to_server()
         self._purger.every = self.settings.purge_interval  # from its next look on
         log.info("SIGHUP: settings reloaded (max_workers=%s)", self.settings.max_workers)
+        self._retire_surplus_workers()
+
+    def _retire_surplus_workers(self) -> None:
+        """Workers beyond max_workers (lowered by a reload or a reconnect) end: an idle one now, a
+        busy one when its run ends."""
         live = [w for w in self.workers.values() if not w.retiring]
         for w in live[self.settings.max_workers:]:
             w.retiring = True

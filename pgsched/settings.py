@@ -13,7 +13,8 @@ from pgsched.errors import ConfigError
 # 100 is 24). More idle workers make each claim larger, a claim costs the database and the
 # scheduler nearly as much for 32 runs as for 16, and workers waiting on their job's commit
 # leave the cores to the others (README "Performance", issue 13); each worker holds a
-# connection, hence the server's share.
+# connection, hence the server's share. (With jobs of several owners a worker also parks up to
+# worker_sessions - 1 sessions, given back when the server refuses a connection: not counted.)
 WORKERS_PER_CORE = 16
 MAX_DEFAULT_WORKERS = 32
 SERVER_SHARE = 4
@@ -41,7 +42,7 @@ class Settings:
     max_workers: int = field(default_factory=default_max_workers)
     # Neither the command line nor the settings file set max_workers: the scheduler caps the
     # machine's default by the server's connections once it is connected (default_max_workers).
-    workers_from_machine: bool = False
+    max_workers_default: bool = False
     shutdown_timeout: float = 30.0
     crash_wait: float = 300.0  # after a scheduler start, a crashed job waits this long before running again
     safety_interval: float = 30.0  # re-read the catalog at least this often, NOTIFY or not

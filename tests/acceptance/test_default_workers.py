@@ -62,13 +62,13 @@ def test_the_default_takes_a_quarter_of_the_servers_connections_and_a_set_count_
     # As many workers connect, no more: the server keeps the rest of its connections.
     wait_for(lambda: worker_sessions(dsn) == SHARE or None, 15, f"{SHARE} workers connected")
     assert worker_sessions(dsn) == SHARE
-    assert f"(max_workers={SHARE}, the default for this machine and a server of 37 connections)" in s.log()
+    s.wait_log(f"(max_workers={SHARE}, the default for this machine and a server of 37 connections)", 10)
     s.signal(signal.SIGTERM)
     assert s.wait_exit(30) == 0
 
     explicit = serve(dsn, "--max-workers", "12")
     assert max_workers(dsn, explicit.wait_instance()) == 12
-    assert "(max_workers=12)" in explicit.log()
+    explicit.wait_log("(max_workers=12)", 10)
     explicit.signal(signal.SIGTERM)
     assert explicit.wait_exit(30) == 0
 
@@ -83,22 +83,42 @@ def test_the_default_takes_a_quarter_of_the_servers_connections_and_a_set_count_
     filed.signal(signal.SIGHUP)
     filed.wait_log(f"SIGHUP: settings reloaded (max_workers={SHARE})", 10)
     wait_for(lambda: max_workers(dsn, instance) == SHARE or None, 15, "the heartbeat to record the new count")
+    wait_for(lambda: worker_sessions(dsn) == SHARE or None, 15, f"{SHARE} workers connected")
+
+    # The server restarted with fewer connections: the default shrinks with them at the reconnect,
+    # and the workers beyond it end.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_connections = 20")
+    small.restart()
+    filed.wait_log("max_workers=4, the default for this machine and a server of 17 connections (was 9)", 30)
+    wait_for(lambda: max_workers(dsn, instance) == 4 or None, 15, "the heartbeat to record the smaller count")
+    wait_for(lambda: worker_sessions(dsn) == 4 or None, 15, "4 workers connected")
     filed.signal(signal.SIGTERM)
     assert filed.wait_exit(30) == 0
 
 
-def test_all_databases_shares_the_default_within_the_servers_connections(small: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("file", "workers"), [(None, SHARE), ("max_workers = 4\n", 4)])
+def test_all_databases_shares_the_default_within_the_servers_connections_or_the_files_count(
+        small: Cluster, tmp_path: Path, file: str | None, workers: int) -> None:
     log = tmp_path / "launcher.log"
+    config = tmp_path / "pgsched.toml"
+    if file is not None:
+        config.write_text(file)
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn", small.dsn()],
+        proc = subprocess.Popen([sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn", small.dsn(),
+                                 *(["--config", str(config)] if file is not None else [])],
                                 stdout=out, stderr=out, start_new_session=True)
     try:
         wait_for(lambda: query(small.dsn(), "SELECT max_workers FROM pgsched.instance WHERE stopped_at IS NULL")
                  or None, 30, "the database's scheduler")
         assert [r["max_workers"] for r in query(small.dsn(), "SELECT max_workers FROM pgsched.instance "
-                                                             "WHERE stopped_at IS NULL")] == [SHARE]
-        assert f"{SHARE} workers in all" in log.read_text()
+                                                             "WHERE stopped_at IS NULL")] == [workers]
+        assert f"{workers} workers in all" in log.read_text()
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: its schedulers too
+            raise
     assert code == 0, log.read_text()[-3000:]
