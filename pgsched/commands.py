@@ -312,7 +312,7 @@ def _serve_all_databases(dsn: str, max_workers: int | None, worker_sessions: int
     if max_workers is None and config_file:
         # The file's count is the launcher's total: each scheduler gets its share on its command line.
         filed = read_settings_file(config_file).get("max_workers")
-        max_workers = int(filed) if isinstance(filed, int) else None
+        max_workers = filed if isinstance(filed, int) else None  # read_settings_file checked its type
     launcher = Launcher(dsn, max_workers, passed, log_format=log_format)
     launcher.install_signal_handlers()
     launcher.run()

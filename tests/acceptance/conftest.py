@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -27,11 +28,31 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from pgsched.embedded import Cluster
+
 PGSCHED = Path(sys.executable).parent / "pgsched"
 MARKER_VAR = "PGSCHED_ACCEPTANCE_TAG"
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def own_cluster(prefix: str, settings: Mapping[str, str]) -> Iterator[Cluster]:
+    """A started throwaway cluster of a test's own (the suite's shared one holds every test's
+    databases), with `settings`; skipped where PGSCHED_TEST_DSN names an external server."""
+    if os.environ.get("PGSCHED_TEST_DSN"):
+        pytest.skip("PGSCHED_TEST_DSN names an external server: the test needs a cluster of its own")
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(tmp, 0o755)
+    c = Cluster(datadir=tmp / "data", settings=dict(settings))
+    try:
+        c.initdb()
+        c.start()
+        c.wait_ready()
+        yield c
+    finally:
+        c.destroy()
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02) -> T:

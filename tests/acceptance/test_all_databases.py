@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,23 +25,13 @@ from psycopg import sql
 
 from pgsched import migrate
 from pgsched.embedded import Cluster
-from tests.acceptance.conftest import query, wait_for
+from tests.acceptance.conftest import own_cluster, query, wait_for
 
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    if os.environ.get("PGSCHED_TEST_DSN"):
-        pytest.skip("PGSCHED_TEST_DSN names an external server: the test needs a cluster of its own")
-    tmp = Path(tempfile.mkdtemp(prefix="pgsched-alldb-"))
-    os.chmod(tmp, 0o755)
-    c = Cluster(datadir=tmp / "data", settings={"fsync": "off", "max_connections": "100"})
-    try:
-        c.initdb()
-        c.start()
-        c.wait_ready()
+    with own_cluster("pgsched-alldb-", {"fsync": "off", "max_connections": "100"}) as c:
         yield c
-    finally:
-        c.destroy()
 
 
 def install(c: Cluster, name: str, command: str, jobs: int) -> None:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,27 +20,17 @@ import pytest
 
 from pgsched import migrate
 from pgsched.embedded import Cluster
-from tests.acceptance.conftest import ServeFactory, query, wait_for
+from tests.acceptance.conftest import ServeFactory, own_cluster, query, wait_for
 
 SHARE = 9  # (40 - 3) // 4
 
 
 @pytest.fixture
 def small() -> Iterator[Cluster]:
-    if os.environ.get("PGSCHED_TEST_DSN"):
-        pytest.skip("PGSCHED_TEST_DSN names an external server: the test needs a cluster of its own")
-    tmp = Path(tempfile.mkdtemp(prefix="pgsched-workers-"))
-    os.chmod(tmp, 0o755)
-    c = Cluster(datadir=tmp / "data", settings={"fsync": "off", "max_connections": "40"})
-    try:
-        c.initdb()
-        c.start()
-        c.wait_ready()
+    with own_cluster("pgsched-workers-", {"fsync": "off", "max_connections": "40"}) as c:
         with psycopg.connect(c.dsn(), autocommit=True) as conn:
             migrate.init(conn)
         yield c
-    finally:
-        c.destroy()
 
 
 def max_workers(dsn: str, instance_id: int) -> int:
