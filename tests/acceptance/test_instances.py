@@ -624,7 +624,10 @@ def test_a_scope_run_of_a_killed_instance_is_retried_by_the_survivor(jobs_db: st
     # Both past their first heartbeat: a scheduler's first one takes what it finds for a restart's.
     wait_for(lambda: all("ready:" in s.log() for s in (a, b)), 10, "both instances to be ready")
     job = add_job(dsn, "'hang_us', '1 hour', retry_period => '1 second', scope_query => 'SELECT id FROM tenants'")
-    wait_for(lambda: query(dsn, "SELECT 1 FROM shard_effect WHERE scope = 'eu'") or None, 15, "eu's run")
+    # eu's run closed, not just its effect committed (before its end mark): killed in between, it
+    # would be a crash too, and retried.
+    wait_for(lambda: query(dsn, "SELECT 1 FROM pgsched.job_run WHERE job_id = %s AND scope = 'eu' "
+                                "AND outcome = 'success'", (job,)) or None, 15, "eu's run to end")
     def us_running() -> dict[str, Any] | None:
         rows = query(dsn, "SELECT * FROM pgsched.job_run WHERE job_id = %s AND scope = 'us' "
                           "AND outcome = 'running' AND worker_pid IS NOT NULL", (job,))
@@ -640,8 +643,13 @@ def test_a_scope_run_of_a_killed_instance_is_retried_by_the_survivor(jobs_db: st
     retried = wait_for(lambda: query(dsn, "SELECT * FROM shard_effect WHERE scope = 'us'") or None, 8,
                        "us's retry to run")
     assert retried == [{"scope": "us", "attempt": 2, "instance": survivor.instance_id}], retried
-    us = query(dsn, "SELECT attempt, trigger, outcome, plan_time, finished_at, instance_id FROM pgsched.job_run "
-                    "WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,))
+    # The job's work commits before its end mark: wait for the retry's end, not just its effect.
+    def us_ended() -> list[dict[str, Any]] | None:
+        rows = query(dsn, "SELECT attempt, trigger, outcome, plan_time, finished_at, instance_id "
+                          "FROM pgsched.job_run WHERE job_id = %s AND scope = 'us' ORDER BY run_id", (job,))
+        return None if any(r["outcome"] == "running" for r in rows) else rows
+
+    us = wait_for(us_ended, 5, "us's retry to end")
     assert [(r["attempt"], r["trigger"], r["outcome"]) for r in us] == [(1, "schedule", "crash"),
                                                                         (2, "retry", "success")], us
     # The backoff on attempt 1 (retry_period, 1 s, ±10 %) from the crash's close: no crash_wait.
