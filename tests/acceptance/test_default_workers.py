@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -86,23 +87,14 @@ def test_the_default_takes_a_quarter_of_the_servers_connections_and_a_set_count_
     assert filed.wait_exit(30) == 0
 
 
-@pytest.mark.parametrize(("file", "workers"), [(None, SHARE), ("max_workers = 4\n", 4)])
-def test_all_databases_shares_the_default_within_the_servers_connections_or_the_files_count(
-        small: Cluster, tmp_path: Path, file: str | None, workers: int) -> None:
-    log = tmp_path / "launcher.log"
-    config = tmp_path / "pgsched.toml"
-    if file is not None:
-        config.write_text(file)
+@contextmanager
+def launcher(dsn: str, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`serve --all-databases` (the launcher) with its log in `log`; stopped by SIGTERM, exit 0."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn", small.dsn(),
-                                 *(["--config", str(config)] if file is not None else [])],
+        proc = subprocess.Popen([sys.executable, "-m", "pgsched", "serve", "--all-databases", "--dsn", dsn, *args],
                                 stdout=out, stderr=out, start_new_session=True)
     try:
-        wait_for(lambda: query(small.dsn(), "SELECT max_workers FROM pgsched.instance WHERE stopped_at IS NULL")
-                 or None, 30, "the database's scheduler")
-        assert [r["max_workers"] for r in query(small.dsn(), "SELECT max_workers FROM pgsched.instance "
-                                                             "WHERE stopped_at IS NULL")] == [workers]
-        assert f"{workers} workers in all" in log.read_text()
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -111,3 +103,37 @@ def test_all_databases_shares_the_default_within_the_servers_connections_or_the_
             os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: its schedulers too
             raise
     assert code == 0, log.read_text()[-3000:]
+
+
+def live_instances(dsn: str) -> list[int]:
+    return [r["max_workers"] for r in query(dsn, "SELECT max_workers FROM pgsched.instance WHERE stopped_at IS NULL")]
+
+
+@pytest.mark.parametrize(("file", "workers"), [(None, SHARE), ("max_workers = 4\n", 4)])
+def test_all_databases_shares_the_default_within_the_servers_connections_or_the_files_count(
+        small: Cluster, tmp_path: Path, file: str | None, workers: int) -> None:
+    log = tmp_path / "launcher.log"
+    config = tmp_path / "pgsched.toml"
+    if file is not None:
+        config.write_text(file)
+    with launcher(small.dsn(), log, *(["--config", str(config)] if file is not None else [])):
+        wait_for(lambda: live_instances(small.dsn()) or None, 30, "the database's scheduler")
+        assert live_instances(small.dsn()) == [workers]
+        assert f"{workers} workers in all" in log.read_text()
+
+
+def test_a_launcher_started_before_its_cluster_waits_for_the_servers_connections(
+        small: Cluster, tmp_path: Path) -> None:
+    """Unreachable at the launcher's start, the cluster's budget is read once it is up: no
+    scheduler starts with the machine's count meanwhile (it could take more than the share)."""
+    log = tmp_path / "launcher.log"
+    small.stop()
+    with launcher(small.dsn(), log):
+        wait_for(lambda: "cannot read the cluster's max_connections" in log.read_text() or None, 30,
+                 "the launcher to find the cluster down")
+        assert "workers in all" not in log.read_text()
+        small.start()
+        small.wait_ready()
+        wait_for(lambda: live_instances(small.dsn()) or None, 30, "the database's scheduler")
+        assert live_instances(small.dsn()) == [SHARE]
+        assert f"{SHARE} workers in all" in log.read_text()
