@@ -243,6 +243,7 @@ class Scheduler(Requests):
             if self.instance_id is not None and self.settings.max_workers != was:
                 log.info("max_workers=%s, the default for this machine and a server of %s connections (was %s)",
                          self.settings.max_workers, store.connection_budget, was)
+                self._retire_surplus_workers()
             # Registered by number: once libpq drops a lost connection, conn.fileno() raises,
             # so _lost_connection could not name the socket any other way.
             self._db_fd = store.fileno()
@@ -274,13 +275,13 @@ class Scheduler(Requests):
     def _fit_workers_to_server(self) -> None:
         """The default worker count (none was set) within the connected server's share
         (settings.default_max_workers), at every connect and reload: before any worker starts, and
-        after a server restart that changed max_connections."""
+        after a server restart that changed max_connections. The caller retires the workers
+        beyond it (_retire_surplus_workers)."""
         if self.store is None or not self.settings.max_workers_default:
             return
         fitted = default_max_workers(connections=self.store.connection_budget)
         if fitted != self.settings.max_workers:
             self.settings = replace(self.settings, max_workers=fitted)
-            self._retire_surplus_workers()
 
     def _connection_gone(self, e: psycopg.Error) -> bool:
         """Whether `e` lost the connection. psycopg raises OperationalError for a lock timeout or a
