@@ -69,7 +69,8 @@ class Client:
         self.conn = psycopg.connect(dsn, autocommit=True)
         for setting in ("SET pgsched.internal = on", "SET synchronous_commit = off", "SET jit = off"):
             self.conn.execute(setting)
-        row = self.conn.execute("SELECT instance_id FROM pgsched._register_instance_v2('bench', 1, 'x', 8)").fetchone()
+        # API 1's name, which every release has (0.1.0 has no _v2; later ones keep it: 41_api1.sql).
+        row = self.conn.execute("SELECT instance_id FROM pgsched._register_instance('bench', 1, 'x', 8)").fetchone()
         assert row is not None
         self.instance_id = int(row[0])
         self.open: list[dict[str, Any]] = []
