@@ -656,7 +656,8 @@ def analyse(db: Db, chaos: Chaos, start: datetime, end: datetime) -> dict[str, A
 def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int, list[str]]:
     """Each dependent's runs against its upstream's successes: (missing, extra, runs of dependents, stuck).
 
-    Missing: an upstream success that closed before `until` whose plan time the dependent has no run of
+    Missing: an upstream success that closed before `until` (one whose row its history level dropped:
+    its job's insert before `until`) whose plan time the dependent has no run of
     (any outcome; a plan given and not yet started at the end counts: pgsched._upstream_plans). Extra: a
     dependent run or plan whose plan time is no success of its upstream, or a plan time it ran or was
     given twice (the unique key forbids running it twice; checked anyway). Stuck: a plan given more than
@@ -666,8 +667,13 @@ def dependent_runs(db: Db, until: datetime) -> tuple[list[str], list[str], int, 
     total = 0
     for dep, up in db.rows("SELECT job_id, depends_on[1] FROM pgsched.job WHERE job_name LIKE 'dep %' "
                            "ORDER BY job_id"):
-        ok = {(p, f) for p, f in db.rows("SELECT plan_time, finished_at FROM pgsched.job_run "
-                                        "WHERE job_id = %s AND outcome = 'success'", (up,))}
+        # An upstream of history 'failures' keeps no row of its successes: theirs are its effect rows
+        # whose run's row went at its close (a run with an effect and a kept row ended otherwise: a
+        # crash after its job committed, or is still running).
+        ok = {(p, f) for p, f in db.rows(
+            "SELECT plan_time, finished_at FROM pgsched.job_run WHERE job_id = %s AND outcome = 'success' "
+            "UNION ALL SELECT e.plan_time, e.at FROM chaos.effect e WHERE e.job_id = %s "
+            "AND NOT EXISTS (SELECT 1 FROM pgsched.job_run r WHERE r.run_id = e.run_id)", (up, up))}
         planned = Counter(p for (p,) in db.rows("SELECT plan_time FROM pgsched.job_run WHERE job_id = %s "
                                                 "UNION ALL SELECT plan_time FROM pgsched._upstream_plans "
                                                 "WHERE job_id = %s", (dep, dep)))

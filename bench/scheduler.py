@@ -226,9 +226,21 @@ def burst() -> dict[str, Any]:
                 row = conn.execute("SELECT count(DISTINCT job_id), extract(epoch FROM max(at) - %s), "
                                    "extract(epoch FROM min(at) - %s) FROM bench_start", (due[0], due[0])
                                    ).fetchone() if due else None
-    assert row is not None
+                # The burst's rounds: a claim's runs share its transaction's start (started_at), or the
+                # plan time when claimed ahead of it; from there to the job's own insert, and to the
+                # run's end as its scheduler recorded it.
+                rounds = conn.execute(
+                    "SELECT count(DISTINCT started_at), percentile_cont(0.5) WITHIN GROUP (ORDER BY to_job), "
+                    "       percentile_cont(0.5) WITHIN GROUP (ORDER BY to_end) "
+                    "  FROM (SELECT r.started_at, extract(epoch FROM b.at - r.started_at) AS to_job, "
+                    "               extract(epoch FROM r.finished_at - r.started_at) AS to_end "
+                    "          FROM pgsched.job_run r JOIN bench_start b USING (job_id)) x").fetchone()
+    assert row is not None and rounds is not None
     return {"scenario": "burst", "started": row[0], "last_start_after_s": round(float(row[1]), 3),
             "first_start_after_s": round(float(row[2]), 4), "workers": WORKERS, "commands": COMMANDS,
+            "claims": rounds[0], "runs_per_claim": round(row[0] / max(1, rounds[0]), 1),
+            "claim_to_job_ms_p50": None if rounds[1] is None else round(1000 * float(rounds[1]), 2),
+            "run_ms_p50": None if rounds[2] is None else round(1000 * float(rounds[2]), 2),
             "target": "all 1000 started, the last within 2 s"}
 
 
@@ -335,12 +347,17 @@ def ageing(seconds: float = 30.0) -> dict[str, Any]:
 # the session reset. Each client owns one job. The marks run with synchronous_commit
 # off, as on the scheduler's connection (PGOPTIONS below; DISCARD ALL keeps it). The close
 # is API 1's _mark_end, which every schema since 0.1.0 has (`./dev bench compare` runs this
-# script against older trees too); since API 2 it is a wrapper over _mark_end_v2.
+# script against older trees too); since API 2 it is a wrapper over _mark_end_v2. The reset is
+# DISCARD ALL's parts but DISCARD PLANS: pgsched's marks run on the scheduler's session, which
+# keeps their plans, and a reset that dropped them here made every mark plan its function's
+# statements anew (4 and 8 ms a mark, pgbench 450-570 runs/s against 1,300-1,800 before the
+# marks' functions grew; 2026-12-03). One query (pgbench's \\;), as DISCARD ALL is one.
 PER_RUN_SQL = """\\set j 1000 + :client_id
 SELECT pgsched._mark_start(:j, clock_timestamp(), 'schedule') AS rid \\gset
 SELECT pg_catalog.set_config('application_name', 'pgsched job', false), public.noop(:j, NULL);
 SELECT pgsched._mark_end(:rid, 'success', NULL, NULL, clock_timestamp() + interval '1 hour');
-DISCARD ALL;
+CLOSE ALL\\; RESET ALL\\; DEALLOCATE ALL\\; UNLISTEN *\\;
+  SELECT pg_catalog.pg_advisory_unlock_all()\\; DISCARD TEMP\\; DISCARD SEQUENCES;
 """
 
 

@@ -93,6 +93,9 @@ def measure(client: TestClient, job: int, repeat: int) -> dict[str, Any]:
             r = client.get(path)
             times.append((time.perf_counter() - t) * 1000)
             statuses.add(r.status_code)  # 503: the page's query exceeded the dashboard's statement_timeout
+            if r.status_code not in (200, 503):
+                # Another answer (a refusal, an error page) would be timed as if it were the page.
+                raise SystemExit(f"{path}: HTTP {r.status_code}: {r.text[:200]}")
         note = re.search(r'id="timeline-note">([^<]*)<', r.text)
         out[path] = {"median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1),
                      **({"note": note.group(1)} if note else {}),
@@ -115,9 +118,13 @@ def main() -> None:
         with psycopg.connect(dsn) as conn:
             job = conn.execute("SELECT min(job_id) FROM pgsched.job WHERE owner = 'bench_viewer'::regrole"
                                ).fetchone()[0]  # type: ignore[index]
-            size = conn.execute(sql.SQL("SELECT pg_size_pretty(pg_total_relation_size('pgsched.job_run'))")
+            # job_run is partitioned (migration 0015): its parent holds no rows itself.
+            size = conn.execute(sql.SQL("SELECT pg_size_pretty(sum(pg_catalog.pg_total_relation_size(relid))) "
+                                        "FROM pg_catalog.pg_partition_tree('pgsched.job_run')")
                                 ).fetchone()[0]  # type: ignore[index]
-        with TestClient(create_app(dsn, single_user=True)) as owner:
+        # --single-user answers a loopback host only (pgsched/web/server.py); TestClient's default
+        # host, "testserver", got the refusal on every page.
+        with TestClient(create_app(dsn, single_user=True), base_url="http://127.0.0.1") as owner:
             print(json.dumps({"viewer": "owner (--single-user)", "jobs": args.jobs, "rows": args.rows,
                               "window_index": args.window_index,
                               "job_run_size": size, "pages": measure(owner, job, args.repeat)}), flush=True)
