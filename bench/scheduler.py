@@ -345,7 +345,7 @@ def ageing(seconds: float = 30.0) -> dict[str, Any]:
 # The SQL one pgsched run costs, as pgbench runs it: the start mark, the job with its
 # set-up (one statement, as the worker sends it for a function job), the end mark and
 # the session reset. Each client owns one job. The marks run with synchronous_commit
-# off, as on the scheduler's connection (PGOPTIONS below; DISCARD ALL keeps it). The close
+# off, as on the scheduler's connection (PGOPTIONS below; the reset's RESET ALL keeps it). The close
 # is API 1's _mark_end, which every schema since 0.1.0 has (`./dev bench compare` runs this
 # script against older trees too); since API 2 it is a wrapper over _mark_end_v2. The reset is
 # DISCARD ALL's parts but DISCARD PLANS: pgsched's marks run on the scheduler's session, which
