@@ -180,3 +180,33 @@ def parent_pid(pid: int) -> int | None:
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
     return [int(x) for x in out.split()]
+
+
+# What a run's CPU is split into (cpu_by_part).
+PARTS = ("scheduler", "workers", "scheduler_backend", "worker_backends", "postgres_other")
+
+
+def cpu_by_part(conn: psycopg.Connection[Any], scheduler_pid: int, postmaster_pid: int) -> dict[str, float]:
+    """The CPU seconds (user + system) so far of each process a run involves, summed by PARTS: the
+    scheduler, its workers, the scheduler's backend, the workers' backends (named by
+    application_name) and PostgreSQL's other processes."""
+    out = dict.fromkeys(PARTS, 0.0)
+    out["scheduler"] = cpu_seconds(scheduler_pid)
+    for pid in children(scheduler_pid):
+        out["workers"] += seconds_or_zero(pid)
+    apps = {int(r[0]): str(r[1] or "") for r in conn.execute("SELECT pid, application_name FROM pg_stat_activity")}
+    for pid in children(postmaster_pid):
+        app = apps.get(pid, "")
+        part = ("scheduler_backend" if app == "pgsched scheduler"
+                # a worker's backend is named after its run while it runs one (pgsched.protocol.run_app_name)
+                else "worker_backends" if app == "pgsched worker idle" or app.startswith("pgsched job ")
+                else "postgres_other")
+        out[part] += seconds_or_zero(pid)
+    return out
+
+
+def seconds_or_zero(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # it ended between the listing and the read

@@ -21,33 +21,8 @@ from typing import Any
 
 import psycopg
 import scheduler
-from common import children, cluster, cpu_seconds, serve, serve_default_workers, wait_for_log
+from common import PARTS, cluster, cpu_by_part, serve, serve_default_workers, wait_for_log
 from scheduler import add_jobs
-
-PARTS = ("scheduler", "workers", "scheduler_backend", "worker_backends", "postgres_other")
-
-
-def cpu_by_part(conn: psycopg.Connection[Any], scheduler_pid: int, postmaster_pid: int) -> dict[str, float]:
-    out = dict.fromkeys(PARTS, 0.0)
-    out["scheduler"] = cpu_seconds(scheduler_pid)
-    for pid in children(scheduler_pid):
-        out["workers"] += seconds_or_zero(pid)
-    apps = {int(r[0]): str(r[1] or "") for r in conn.execute("SELECT pid, application_name FROM pg_stat_activity")}
-    for pid in children(postmaster_pid):
-        app = apps.get(pid, "")
-        part = ("scheduler_backend" if app == "pgsched scheduler"
-                # a worker's backend is named after its run while it runs one (pgsched.protocol.run_app_name)
-                else "worker_backends" if app == "pgsched worker idle" or app.startswith("pgsched job ")
-                else "postgres_other")
-        out[part] += seconds_or_zero(pid)
-    return out
-
-
-def seconds_or_zero(pid: int) -> float:
-    try:
-        return cpu_seconds(pid)
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0  # it ended between the listing and the read
 
 
 def one_round(workers: int, seconds: float, dependencies: bool) -> dict[str, Any]:

@@ -13,6 +13,7 @@
     ./dev bench scheduler throughput --owners 4                the jobs of four owners in turn
     ./dev bench scheduler burst --workers 8                    serve --max-workers 8 (default: serve's own)
     ./dev bench scheduler burst --commands                     the 1,000 jobs as command text (pg_cron's kind)
+    ./dev bench scheduler burst --statements                   and the database's time, statement by statement
 
 
 The cluster runs with PostgreSQL's default durability (fsync and synchronous_commit on).
@@ -38,7 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from common import children, cluster, cpu_seconds, serve, serve_default_workers, tree_cpu_seconds, wait_for_log
+from common import (
+    PARTS,
+    children,
+    cluster,
+    cpu_by_part,
+    cpu_seconds,
+    serve,
+    serve_default_workers,
+    tree_cpu_seconds,
+    wait_for_log,
+)
 from psycopg import sql
 
 from pgsched.embedded import Cluster, free_port
@@ -136,6 +147,12 @@ CONCURRENCY = False
 DEPENDENCIES = False
 OWNERS = 1
 COMMANDS = False  # --commands: burst's jobs are command text
+# --statements: burst's database time statement by statement (pg_stat_statements, nested ones too,
+# planning counted), from 0.2 s before the jobs are due until the last run's close.
+STATEMENTS = False
+STATEMENTS_SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all",
+                       "pg_stat_statements.track_planning": "on"}
+STATEMENTS_SHOWN = 15
 # serve --max-workers of the scenarios (--workers; serve's own default unless given).
 WORKERS = 8
 
@@ -206,8 +223,11 @@ def lag(seconds: float = 40.0, http: bool = False) -> dict[str, Any]:
 
 
 def burst() -> dict[str, Any]:
-    with cluster() as (_, dsn):
+    with cluster(settings=STATEMENTS_SETTINGS if STATEMENTS else None) as (c, dsn):
         add_jobs(dsn, 1000, "mark", "1 hour", fixed=True, delay_s=4)
+        if STATEMENTS:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION pg_stat_statements")
         if COMMANDS:
             # pg_cron's kind of job: the same row written by command text of one statement.
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -215,33 +235,66 @@ def burst() -> dict[str, Any]:
                              "command = format('INSERT INTO bench_start (job_id) VALUES (%s)', job_id)")
         with psycopg.connect(dsn) as conn:
             due = conn.execute("SELECT min(initial_start) FROM pgsched.job").fetchone()
-        with serve(dsn, "--max-workers", str(WORKERS)):
+        postmaster = c.postmaster_pid()
+        assert due is not None and postmaster is not None
+        with serve(dsn, "--max-workers", str(WORKERS)) as (proc, _), \
+                psycopg.connect(dsn, autocommit=True) as conn:
+            # The CPU (and --statements) counted from 0.2 s before the jobs are due: the burst
+            # without serve's start-up.
+            conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM %s - now()) - 0.2))", (due[0],))
+            if STATEMENTS:
+                conn.execute("SELECT pg_stat_statements_reset()")
+            cpu_before = cpu_by_part(conn, proc.pid, postmaster)
             deadline = time.monotonic() + 30
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                while time.monotonic() < deadline:
-                    row = conn.execute("SELECT count(DISTINCT job_id) FROM bench_start").fetchone()
-                    if row and row[0] >= 1000:
-                        break
-                    time.sleep(0.1)
-                row = conn.execute("SELECT count(DISTINCT job_id), extract(epoch FROM max(at) - %s), "
-                                   "extract(epoch FROM min(at) - %s) FROM bench_start", (due[0], due[0])
-                                   ).fetchone() if due else None
-                # The burst's rounds: a claim's runs share its transaction's start (started_at), or the
-                # plan time when claimed ahead of it; from there to the job's own insert, and to the
-                # run's end as its scheduler recorded it.
-                rounds = conn.execute(
-                    "SELECT count(DISTINCT started_at), percentile_cont(0.5) WITHIN GROUP (ORDER BY to_job), "
-                    "       percentile_cont(0.5) WITHIN GROUP (ORDER BY to_end) "
-                    "  FROM (SELECT r.started_at, extract(epoch FROM b.at - r.started_at) AS to_job, "
-                    "               extract(epoch FROM r.finished_at - r.started_at) AS to_end "
-                    "          FROM pgsched.job_run r JOIN bench_start b USING (job_id)) x").fetchone()
+            while time.monotonic() < deadline:
+                row = conn.execute("SELECT count(DISTINCT job_id) FROM bench_start").fetchone()
+                if row and row[0] >= 1000:
+                    break
+                time.sleep(0.1)
+            cpu_after = cpu_by_part(conn, proc.pid, postmaster)
+            statements = burst_statements(conn) if STATEMENTS else None
+            row = conn.execute("SELECT count(DISTINCT job_id), extract(epoch FROM max(at) - %s), "
+                               "extract(epoch FROM min(at) - %s) FROM bench_start", (due[0], due[0])
+                               ).fetchone()
+            # The burst's rounds: a claim's runs share its transaction's start (started_at), or the
+            # plan time when claimed ahead of it; from there to the job's own insert, and to the
+            # run's end as its scheduler recorded it.
+            rounds = conn.execute(
+                "SELECT count(DISTINCT started_at), percentile_cont(0.5) WITHIN GROUP (ORDER BY to_job), "
+                "       percentile_cont(0.5) WITHIN GROUP (ORDER BY to_end) "
+                "  FROM (SELECT r.started_at, extract(epoch FROM b.at - r.started_at) AS to_job, "
+                "               extract(epoch FROM r.finished_at - r.started_at) AS to_end "
+                "          FROM pgsched.job_run r JOIN bench_start b USING (job_id)) x").fetchone()
     assert row is not None and rounds is not None
     return {"scenario": "burst", "started": row[0], "last_start_after_s": round(float(row[1]), 3),
             "first_start_after_s": round(float(row[2]), 4), "workers": WORKERS, "commands": COMMANDS,
             "claims": rounds[0], "runs_per_claim": round(row[0] / max(1, rounds[0]), 1),
             "claim_to_job_ms_p50": None if rounds[1] is None else round(1000 * float(rounds[1]), 2),
             "run_ms_p50": None if rounds[2] is None else round(1000 * float(rounds[2]), 2),
+            # from 0.2 s before the due time until all had started (polled every 0.1 s)
+            "cpu_ms": {k: round(1000 * (cpu_after[k] - cpu_before[k])) for k in PARTS},
+            "cpu_us_per_run": round(1000 * sum(cpu_after[k] - cpu_before[k] for k in PARTS)),
+            **({"statements": statements} if statements is not None else {}),
             "target": "all 1000 started, the last within 2 s"}
+
+
+def burst_statements(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """The statements that took the most database time in the burst, once every run is closed:
+    per statement, its calls and plans and its time per run (of 1,000) in microseconds, planning
+    apart. A statement's time includes the statements it runs (nested: false), which are listed
+    too: the times do not add up."""
+    closing = time.monotonic() + 10
+    while time.monotonic() < closing and conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pgsched.job_run_live WHERE outcome = 'running')").fetchone() != (False,):
+        time.sleep(0.05)
+    rows = conn.execute(
+        "SELECT calls, plans, total_plan_time, total_exec_time, toplevel, "
+        "       left(regexp_replace(query, '\\s+', ' ', 'g'), 110) "
+        "  FROM pg_stat_statements WHERE query NOT LIKE '%%pg_stat_statements%%' "
+        " ORDER BY total_plan_time + total_exec_time DESC LIMIT %s", (STATEMENTS_SHOWN,)).fetchall()
+    runs = 1000  # the burst's jobs, one run each; the totals are in milliseconds
+    return [{"calls": r[0], "plans": r[1], "plan_us_per_run": round(1000 * float(r[2]) / runs, 1),
+             "exec_us_per_run": round(1000 * float(r[3]) / runs, 1), "nested": not r[4], "query": r[5]} for r in rows]
 
 
 def scopes(n: int = 10_000) -> dict[str, Any]:
@@ -582,16 +635,19 @@ def main() -> None:
                          "their own; lag: keeping theirs, each plan checking its upstream succeeded)")
     ap.add_argument("--commands", action="store_true",
                     help="burst: the jobs are command text (INSERT ..., pg_cron's kind) instead of functions")
+    ap.add_argument("--statements", action="store_true",
+                    help="burst: the database's time statement by statement (pg_stat_statements on the bench "
+                         "cluster; the server must have it, as Debian's postgresql-NN does)")
     ap.add_argument("--owners", type=int, default=1,
                     help="lag and throughput: the jobs belong to this many login roles in turn (default 1: "
                          "the bench's superuser)")
     args = ap.parse_args()
     if args.owners < 1:
         ap.error("--owners: a whole number of roles, 1 or more")
-    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS, OWNERS, COMMANDS
+    global PRIORITIES, EXCLUDE, JITTER, CONCURRENCY, DEPENDENCIES, WORKERS, OWNERS, COMMANDS, STATEMENTS
     WORKERS = args.workers or serve_default_workers()
     PRIORITIES, EXCLUDE, JITTER, CONCURRENCY = args.priorities, args.exclude, args.jitter, args.concurrency
-    DEPENDENCIES, OWNERS, COMMANDS = args.dependencies, args.owners, args.commands
+    DEPENDENCIES, OWNERS, COMMANDS, STATEMENTS = args.dependencies, args.owners, args.commands, args.statements
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
         if name not in HTTP_SCENARIOS or args.http != "both":
