@@ -210,3 +210,14 @@ def seconds_or_zero(pid: int) -> float:
         return cpu_seconds(pid)
     except (FileNotFoundError, ProcessLookupError):
         return 0.0  # it ended between the listing and the read
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, Any]:
+    """What cpu_by_part read twice says: each part's CPU in between (ms), and all of it a run (µs)."""
+    return {"cpu_ms": {k: round(1000 * (after[k] - before[k])) for k in PARTS},
+            "cpu_us_per_run": round(1e6 * sum(after[k] - before[k] for k in PARTS) / runs)}
+
+
+def sleep_until(conn: psycopg.Connection[Any], at: Any, early_s: float = 0.0) -> None:
+    """Sleep until `early_s` seconds before the database's clock reaches `at` (a timestamptz)."""
+    conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM %s - now()) - %s))", (at, early_s))

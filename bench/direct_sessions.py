@@ -30,19 +30,15 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from common import PARTS, cluster, cpu_by_part
+from common import cluster, cpu_by_part, cpu_spent, sleep_until
 from psycopg import pq
 from scheduler import add_jobs
 
+from pgsched import oneround, worker
 from pgsched.clock import DbClock
 from pgsched.store import Claimed, Finish, Store
 
 JOBS = 1000
-# The worker's statement for a function job: its set-up and the call in one (pgsched/worker.py).
-CALL = (b"SELECT pg_catalog.set_config('application_name', $1, false), "
-        b"pg_catalog.set_config('pgsched.run_id', $2, false), pg_catalog.set_config('pgsched.plan_time', $3, false), "
-        b"pg_catalog.set_config('pgsched.scope', $4, false), public.mark($5::integer, $6::jsonb)")
-RESET = b"DISCARD ALL"
 
 
 class Session:
@@ -59,12 +55,15 @@ class Session:
 
     def send(self, claimed: Claimed) -> None:
         assert claimed.run is not None
-        run = claimed.run
+        run, job = claimed.run, claimed.run.job
+        assert job.proc_schema is not None and job.proc_name is not None
+        # The worker's own statement for a function job: its set-up and the call in one.
+        call = worker._call(job.proc_schema, job.proc_name, False, self.conn.info.encoding)
         params = [run.app_name.encode(), str(run.run_id).encode(), run.plan_time.isoformat().encode(), b"",
-                  str(run.job.job_id).encode(), None]
-        self.pg.send_query_params(CALL, params)
+                  str(job.job_id).encode(), None]
+        self.pg.send_query_params(call, params)
         self.pg.pipeline_sync()
-        self.pg.send_query_params(RESET, None)
+        self.pg.send_query_params(oneround.RESET, None)
         self.pg.pipeline_sync()
         while self.pg.flush():
             select.select([], [self.pg.socket], [])
@@ -103,9 +102,9 @@ def one_round(sessions: int, closes_apart: bool) -> dict[str, Any]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             due = conn.execute("SELECT min(initial_start) FROM pgsched.job").fetchone()
             assert due is not None and postmaster is not None
-            conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM %s - now()) - 0.2))", (due[0],))
+            sleep_until(conn, due[0], early_s=0.2)
             cpu_before = cpu_by_part(conn, os.getpid(), postmaster)
-            conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM %s - now())))", (due[0],))
+            sleep_until(conn, due[0])
             started = drive(store, instance, pool, by_fd, closer)
             cpu_after = cpu_by_part(conn, os.getpid(), postmaster)
             row = conn.execute("SELECT count(DISTINCT job_id), extract(epoch FROM max(at) - %s) FROM bench_start",
@@ -119,8 +118,7 @@ def one_round(sessions: int, closes_apart: bool) -> dict[str, Any]:
     return {"bench": "direct_sessions", "sessions": sessions, "closes_apart": closes_apart, "runs": started,
             "started": row[0],
             "last_start_after_s": round(float(row[1]), 3),
-            "cpu_ms": {k: round(1000 * (cpu_after[k] - cpu_before[k])) for k in PARTS},
-            "cpu_us_per_run": round(1000 * sum(cpu_after[k] - cpu_before[k] for k in PARTS)),
+            **cpu_spent(cpu_before, cpu_after, runs=JOBS),
             "compare": "./dev bench scheduler burst (the same jobs through pgsched serve and its workers)"}
 
 

@@ -40,13 +40,14 @@ from typing import Any
 
 import psycopg
 from common import (
-    PARTS,
     children,
     cluster,
     cpu_by_part,
     cpu_seconds,
+    cpu_spent,
     serve,
     serve_default_workers,
+    sleep_until,
     tree_cpu_seconds,
     wait_for_log,
 )
@@ -241,7 +242,7 @@ def burst() -> dict[str, Any]:
                 psycopg.connect(dsn, autocommit=True) as conn:
             # The CPU (and --statements) counted from 0.2 s before the jobs are due: the burst
             # without serve's start-up.
-            conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM %s - now()) - 0.2))", (due[0],))
+            sleep_until(conn, due[0], early_s=0.2)
             if STATEMENTS:
                 conn.execute("SELECT pg_stat_statements_reset()")
             cpu_before = cpu_by_part(conn, proc.pid, postmaster)
@@ -272,8 +273,7 @@ def burst() -> dict[str, Any]:
             "claim_to_job_ms_p50": None if rounds[1] is None else round(1000 * float(rounds[1]), 2),
             "run_ms_p50": None if rounds[2] is None else round(1000 * float(rounds[2]), 2),
             # from 0.2 s before the due time until all had started (polled every 0.1 s)
-            "cpu_ms": {k: round(1000 * (cpu_after[k] - cpu_before[k])) for k in PARTS},
-            "cpu_us_per_run": round(1000 * sum(cpu_after[k] - cpu_before[k] for k in PARTS)),
+            **cpu_spent(cpu_before, cpu_after, runs=1000),
             **({"statements": statements} if statements is not None else {}),
             "target": "all 1000 started, the last within 2 s"}
 
@@ -637,7 +637,7 @@ def main() -> None:
                     help="burst: the jobs are command text (INSERT ..., pg_cron's kind) instead of functions")
     ap.add_argument("--statements", action="store_true",
                     help="burst: the database's time statement by statement (pg_stat_statements on the bench "
-                         "cluster; the server must have it, as Debian's postgresql-NN does)")
+                         "cluster; Debian's postgresql-NN and the embedded PostgreSQL 18 have it)")
     ap.add_argument("--owners", type=int, default=1,
                     help="lag and throughput: the jobs belong to this many login roles in turn (default 1: "
                          "the bench's superuser)")
