@@ -169,7 +169,13 @@ SET search_path = pg_catalog, pg_temp
 -- the statistics of job_stat (whose rows flip between scheduled and starting all the time) say
 -- few jobs are scheduled, the planner preferred a bitmap scan of every due job and a sort: 0.9 of
 -- the claim's 2.3 ms with 400 jobs due (bench/claim_close.py). Nothing here wants a bitmap scan.
-SET enable_bitmapscan = off AS $$
+SET enable_bitmapscan = off
+-- Generic plans from the first call. Left to choose, a session plans each statement afresh at its
+-- first five calls and only then keeps the generic plan it runs on from there on (the same plan:
+-- claim_close and --statements show no other); a new scheduler's first claims, often a burst of
+-- jobs due at its start, paid about 3 ms a plan for the main statement below (`./dev bench
+-- scheduler burst --statements`: 16 us a run of planning, 2.5-3.6 with this).
+SET plan_cache_mode = force_generic_plan AS $$
 -- PL/pgSQL rather than SQL: it keeps this statement's plan for the session, where a SQL
 -- function would plan the whole query again on every claim.
 DECLARE
@@ -908,7 +914,10 @@ $$;
 -- _end_runs too (without the counters): a run's end and its job's state have one writer.
 CREATE OR REPLACE FUNCTION pgsched._close_runs(ends jsonb)
 RETURNS TABLE (run_id bigint, job_id integer, old_state text, new_state text) LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+-- Generic plans from the first call, as in _claim_v2: for _close_batch and _end_runs too, which
+-- inherit the setting (the main statement of _end_runs was planned five times, 1-2 ms each).
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     e jsonb;
     c record;
