@@ -57,7 +57,13 @@ def test_restart_job_runs_once_per_server_start_across_two_instances(
         started = start_time(db)
         want = 2 * n
         wait_for(lambda: len(logged(db)) >= want or None, 20, f"the @restart runs after restart {n}")  # noqa: B023
-        time.sleep(2)  # both instances have reconnected and armed: a second run would show by now
+        # Both instances reconnected, and so armed the jobs (right after saying so). Not a fixed
+        # wait: under load one instance's reconnect back-off can outlast the restart by seconds
+        # (a CI run on PostgreSQL 18 found one that had not reconnected 2 s after the runs).
+        for s in (a, b):
+            wait_for(lambda: s.log().count("reconnected to the database") >= n or None,  # noqa: B023
+                     30, f"instance {s.instance_id} reconnected after restart {n}")
+        time.sleep(2)  # a second run of either armed job would show by now
         log = logged(db)
         assert sorted(job for job, at in log if at == started) == ["named", "unnamed"], log
         assert len(log) == 2 * n, log
