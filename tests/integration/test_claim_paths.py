@@ -298,3 +298,16 @@ def test_a_keyed_job_due_after_the_look_is_left_to_the_full_statement(api_tx: Co
         took_usual, claimed = claim(api_tx, instance, 4, 0, [])
         assert not took_usual
         assert [c["job_name"] for c in claimed] == ["keyed"]
+
+
+def test_the_claim_and_the_close_plan_their_statements_once(api_tx: Conn) -> None:
+    """The claim and the close (and what the close calls, which inherits the setting) run on
+    generic plans from their first call: left to choose, a session planned each statement five
+    times first, on the chain of a new scheduler's first burst (README, "Generic plans from the
+    first call")."""
+    settings_of = {r["proname"]: r["proconfig"] for r in rows(
+        api_tx, "SELECT p.proname, p.proconfig FROM pg_proc p WHERE p.pronamespace = 'pgsched'::regnamespace "
+                "AND p.proname IN ('_claim_v2', '_close_runs')")}
+    assert set(settings_of) == {"_claim_v2", "_close_runs"}
+    for name, config in settings_of.items():
+        assert "plan_cache_mode=force_generic_plan" in config, (name, config)
