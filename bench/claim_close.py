@@ -81,6 +81,8 @@ UPDATE pgsched.job_stat s
        last_successful_finish = d.finished_at, last_run_success = true, total_successes = s.total_successes + 1,
        total_crashes = s.total_crashes - 1, consecutive_crashes = 0, consecutive_failures = 0
   FROM ended d WHERE s.job_id = d.job_id""")
+# What pgsched's scheduler session sets that bears on these statements (pgsched.store.Store).
+SCHEDULER_SESSION = ("SET pgsched.internal = on", "SET synchronous_commit = off", "SET jit = off")
 # The pids of the workers claimed for, and of their backends (never looked up): --runs of each.
 WORKERS: list[int] = []
 BACKENDS: list[int] = []
@@ -106,7 +108,7 @@ class Client:
         self.minimal = name == "minimal"
         self.claim_sql, self.close_sql = MINIMAL if self.minimal else STATEMENTS[name]
         self.conn = psycopg.connect(dsn, autocommit=True)
-        for setting in ("SET pgsched.internal = on", "SET synchronous_commit = off", "SET jit = off"):
+        for setting in SCHEDULER_SESSION:
             self.conn.execute(setting)
         # API 1's name, which every release has (0.1.0 has no _v2; later ones keep it: 41_api1.sql).
         row = self.conn.execute("SELECT instance_id FROM pgsched._register_instance('bench', 1, 'x', 8)").fetchone()

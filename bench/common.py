@@ -144,10 +144,10 @@ def wait_for_log(log: Path, text: str, timeout: float) -> dict[str, Any]:
 def cpu_seconds(pid: int, *, reaped: bool = False) -> float:
     """The CPU time (user + system) of `pid`; reaped: and of its children that exited and it waited for.
 
-    The process's own time comes from /proc/PID/schedstat, in nanoseconds: /proc/PID/stat counts in
-    clock ticks (10 ms here), and a part made of many processes that each spend a few ms in a
-    burst (24 workers, 24 backends) came out up to a tick a process off, tens of ms in all. The
-    reaped children's time is only in stat's ticks."""
+    The process's own time comes from /proc/PID/schedstat, in nanoseconds. /proc/PID/stat counts in
+    clock ticks (10 ms here) and on this machine misses much of a process that runs in short
+    bursts and sleeps: a burst's 24 job sessions read 170 ms there against 324 ms here (README,
+    "CPU figures"). The reaped children's time is only in stat's ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     try:
@@ -192,6 +192,26 @@ def children(pid: int) -> list[int]:
 
 # What a run's CPU is split into (cpu_by_part).
 PARTS = ("scheduler", "workers", "scheduler_backend", "worker_backends", "postgres_other")
+
+
+def pgbench_tps(c: Cluster, script_text: str, clients: int, seconds: int, *, protocol: str = "simple",
+                options: str | None = None) -> float:
+    """Transactions a second of pgbench running `script_text` on `c` with `clients` connections for
+    `seconds` (`protocol`: pgbench's -M; `options`: the sessions' PGOPTIONS)."""
+    script = Path(tempfile.mkstemp(suffix=".sql")[1])
+    try:
+        script.write_text(script_text)
+        os.chmod(script, 0o644)  # pgbench may run as the cluster's owner
+        cmd = [str(c.bindir / "pgbench"), "-n", "-M", protocol, "-c", str(clients), "-j", "2", "-T", str(seconds),
+               "-f", str(script), "-h", str(c.socket_dir), "-p", str(c.port), "-U", "postgres", "postgres"]
+        env = {**os.environ, **({"PGOPTIONS": options} if options else {})}
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    finally:
+        script.unlink()
+    for line in out.splitlines():
+        if line.startswith("tps ="):
+            return float(line.split()[2])
+    raise RuntimeError(out)
 
 
 def cpu_by_part(conn: psycopg.Connection[Any], scheduler_pid: int, postmaster_pid: int) -> dict[str, float]:

@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from claim_close import MINIMAL
+from claim_close import MINIMAL, SCHEDULER_SESSION
 from common import cluster, cpu_by_part, cpu_spent, sleep_until
 from psycopg import pq
 from psycopg.types.json import Jsonb
@@ -72,8 +72,7 @@ class MinimalStore:
     def __init__(self, dsn: str, instance: int) -> None:
         # Named as the scheduler's session is, so that cpu_by_part counts it as the scheduler's backend.
         self.conn = psycopg.connect(dsn, autocommit=True, application_name="pgsched scheduler")
-        # What pgsched's scheduler session sets (pgsched.store).
-        for setting in ("SET pgsched.internal = on", "SET synchronous_commit = off", "SET jit = off"):
+        for setting in SCHEDULER_SESSION:
             self.conn.execute(setting)
         self.instance = instance
         self.clock = DbClock()

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import tempfile
-from pathlib import Path
 
-from common import cluster
+from common import cluster, pgbench_tps
 
+from pgsched import worker
+
+# The worker's own set-up statement (pgsched.worker.SET_UP) with a run's values as literals, then
+# the job's call and the reset, as one run's session sees them.
+SET_UP_VALUES = ("'pgsched job 1 run 1 lease 1'", "'1'", "'2026-12-06 00:00:00+00'", "''")
 SCRIPTS = {
-    "job_session": "SELECT pg_catalog.set_config('application_name', 'pgsched job 1 run 1 lease 1', false), "
-                   "pg_catalog.set_config('pgsched.run_id', '1', false), "
-                   "pg_catalog.set_config('pgsched.plan_time', '2026-12-06 00:00:00+00', false), "
-                   "pg_catalog.set_config('pgsched.scope', '', false), public.mark(1, NULL);\nDISCARD ALL;\n",
+    "job_session": f"SELECT {worker.SET_UP % SET_UP_VALUES}, public.mark(1, NULL);\nDISCARD ALL;\n",
     "insert": "INSERT INTO bench_start (job_id) VALUES (1);\n",
 }
 
@@ -41,19 +39,11 @@ def main() -> None:
     clients = [int(c) for c in args.clients.split(",")]
     with cluster(install=False) as (c, _):
         for name, text in SCRIPTS.items():
-            script = Path(tempfile.mkstemp(suffix=".sql")[1])
-            script.write_text(text)
-            os.chmod(script, 0o644)  # pgbench may run as the cluster's owner
             for n in clients:
                 for protocol in ("simple", "extended"):
-                    out = subprocess.run(
-                        [str(c.bindir / "pgbench"), "-n", "-M", protocol, "-c", str(n), "-j", "2",
-                         "-T", str(args.seconds), "-f", str(script), "-h", str(c.socket_dir), "-p", str(c.port),
-                         "-U", "postgres", "postgres"], capture_output=True, text=True, check=True).stdout
-                    tps = next(float(line.split()[2]) for line in out.splitlines() if line.startswith("tps ="))
+                    tps = pgbench_tps(c, text, n, args.seconds, protocol=protocol)
                     print(json.dumps({"script": name, "clients": n, "protocol": protocol, "per_s": round(tps)}),
                           flush=True)
-            script.unlink()
 
 
 if __name__ == "__main__":

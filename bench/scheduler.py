@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
@@ -45,6 +43,7 @@ from common import (
     cpu_by_part,
     cpu_seconds,
     cpu_spent,
+    pgbench_tps,
     serve,
     serve_default_workers,
     sleep_until,
@@ -53,7 +52,7 @@ from common import (
 )
 from psycopg import sql
 
-from pgsched.embedded import Cluster, free_port
+from pgsched.embedded import free_port
 
 
 def add_jobs(dsn: str, n: int, proc: str, interval: str, *, fixed: bool, delay_s: float, stagger_ms: float = 0) -> None:
@@ -414,20 +413,6 @@ CLOSE ALL\\; RESET ALL\\; DEALLOCATE ALL\\; UNLISTEN *\\;
 """
 
 
-def pgbench_tps(c: Cluster, clients: int, seconds: int) -> float:
-    script = Path(tempfile.mkstemp(suffix=".sql")[1])
-    script.write_text(PER_RUN_SQL)
-    os.chmod(script, 0o644)
-    cmd = [str(c.bindir / "pgbench"), "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "-f", str(script),
-           "-h", str(c.socket_dir), "-p", str(c.port), "-U", "postgres", "postgres"]
-    env = {**os.environ, "PGOPTIONS": "-c synchronous_commit=off"}
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-    for line in out.splitlines():
-        if line.startswith("tps ="):
-            return float(line.split()[2])
-    raise RuntimeError(out)
-
-
 def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
     workers = WORKERS
     with cluster() as (c, dsn):
@@ -453,7 +438,7 @@ def throughput(seconds: float = 20.0, http: bool = False) -> dict[str, Any]:
                                         "WHERE run_id > %s AND run_id <= %s", (id0, id1)).fetchone()
         stats = final_stats(log)
         rate = (n1 - n0) / (t1 - t0)
-        bench = pgbench_tps(c, workers, 10)
+        bench = pgbench_tps(c, PER_RUN_SQL, workers, 10, options="-c synchronous_commit=off")
     return {"scenario": "throughput", "http": http, "priorities": PRIORITIES, "exclude": EXCLUDE, "jitter": JITTER,
             "concurrency": CONCURRENCY, "dependencies": DEPENDENCIES, "owners": OWNERS,
             "runs_per_s": round(rate, 1),

@@ -10,8 +10,8 @@ runs (after 200 to warm up): the worker's CPU a run and its backend's (user + sy
 claims: what is left is the worker's own cost, its pipe, its session and its job. One JSON
 object. --gap-ms: wait this long after each report before sending the next run, as a worker of a
 burst waits for the scheduler's next claim: the same worker and backend then cost more a run
-(their caches gone cold, the idle cores halted: on this machine, a VM, about 1.4 times at 1 ms
-and 2.4 times at 5 ms).
+(their caches gone cold, the idle cores halted: on this machine, a VM, 1.1-1.4 times at 1 ms
+and 2.4-2.8 times at 5 ms).
 """
 
 from __future__ import annotations
